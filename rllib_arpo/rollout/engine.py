@@ -1,0 +1,73 @@
+"""The GenerationEngine protocol: what the tree rollout needs from an inference engine.
+
+Engines work on token ids only (no re-tokenisation between turns, so the learner scores exactly
+the tokens that were sampled). Each call continues a batch of token-id prefixes until a stop
+string (a tool's closing tag such as ``</search>``), end of sequence, or ``max_new_tokens``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, Sequence, runtime_checkable
+
+import torch
+
+FinishReason = Literal["stop", "eos", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings for one ``generate`` call.
+
+    Attributes:
+        max_new_tokens: cap on tokens generated per prefix in this call.
+        temperature: softmax temperature; 0 means greedy.
+        top_p: nucleus sampling mass (1.0 = off).
+        stop_strings: generation of a sequence stops right after its decoded text ends with one
+            of these (the stop string's tokens are kept in the output).
+        seed: seeds the sampler for reproducible rollouts (``None`` = engine's own stream).
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_strings: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass
+class Generation:
+    """The continuation of one prefix.
+
+    Attributes:
+        token_ids: generated tokens (stop string included, padding excluded).
+        logprobs: log pi(token | prefix) of each generated token under the sampling
+            distribution's model (temperature 1 logits), used as pi_old by the learner.
+        entropies: per-token entropy of the next-token distribution, normalised by log|V| so
+            it lies in [0, 1] (exact from full logits, or renormalised top-k; see core.entropy).
+        finish_reason: ``"stop"`` (a stop string matched), ``"eos"`` or ``"length"``.
+        stop_string: the stop string that matched, if any.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    entropies: list[float]
+    finish_reason: FinishReason
+    stop_string: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+@runtime_checkable
+class GenerationEngine(Protocol):
+    """An inference engine the tree rollout can drive (HF transformers or vLLM)."""
+
+    tokenizer: object
+    weights_version: int
+
+    def generate(self, prefixes: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        """Continue every prefix (prompt + response so far, as token ids)."""
+        ...
+
+    def update_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """Load new policy weights in place and record their version."""
+        ...
