@@ -1,0 +1,194 @@
+"""Advantage estimators: one registry shared by ARPO, AEPO and every baseline.
+
+Every estimator maps a batch of rollout trees (one tree = the M trajectories of one prompt) and
+their scalar rewards to one advantage per response token of every trajectory row, in the order
+``[row for tree in trees for row in tree.to_rows(dedupe)]``. Tool-result tokens get advantages
+too (they are multiplied by a zero loss mask later); keeping them makes every array line up
+with ``TrajectoryRow.response_ids``.
+
+Trajectory-level estimators (one scalar A_i per trajectory i of a prompt's group G, |G| = M):
+
+- ``grpo``:        A_i = (r_i - mean_G r) / (std_G r + eps)         (std with Bessel's correction,
+                   as torch.std in verl and TRL)
+- ``dr_grpo``:     A_i = r_i - mean_G r                              (Dr.GRPO: no std)
+- ``rloo``/``loop``: A_i = r_i - mean_{j in G, j != i} r_j = M/(M-1) * (r_i - mean_G r)
+                   (leave-one-out baseline, no std; LOOP, arXiv 2502.01600)
+- ``reinforce_pp``: REINFORCE++: every token t of trajectory i gets the return
+                   G_t = r_i - kl_coef * sum_{s >= t} kl_s (KL to the reference policy folded into
+                   the reward, when per-token KL is given), then all trained tokens of the whole
+                   batch are whitened together: A_t = (G_t - mean_batch G) / (std_batch G + eps).
+
+Tree-aware estimators (ARPO, arXiv 2507.19849 Sec. 3.3):
+
+- ``arpo_soft``: every trajectory keeps its full tokens with its own GRPO advantage A_i; shared
+  prefix tokens appear in several rows (GRPO over the tree). Numerically the same as ``grpo``.
+- ``arpo_hard``: a token generated only by trajectory i gets A_i; a token of a span shared by the
+  set D of trajectories gets mean_{i in D} A_i and is trained once (``dedupe_rows`` is True: the
+  learner must use ``tree.to_rows(dedupe=True)``). The reference code only ships the soft form.
+- ``aepo``: AEPO's entropy-aware advantage (arXiv 2510.14545): A'_t = A_t * (1 + gamma * sg(z_t))
+  where z_t is the token entropy standardised over the batch's trained tokens,
+  z_t = (H_t - mean H) / (std H + eps), and A_t comes from a base estimator (``grpo`` by default).
+  The reference code only applies it when an entropy bonus is also on; here it stands alone.
+
+Degenerate groups (a single trajectory, or all rewards equal) give exactly zero advantages.
+NaN or infinite rewards are rejected with a ValueError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from rllib_arpo.core.tree import RolloutTree
+
+TokenAdvantages = list[np.ndarray]
+
+
+@dataclass(frozen=True)
+class AdvantageEstimator:
+    """A registered estimator.
+
+    Attributes:
+        fn: ``fn(trees, rewards, **params) -> TokenAdvantages``.
+        dedupe_rows: True when shared spans are trained once (rows from ``to_rows(dedupe=True)``).
+    """
+
+    fn: Callable[..., TokenAdvantages]
+    dedupe_rows: bool = False
+
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+
+
+def register_advantage_estimator(*names: str, dedupe_rows: bool = False):
+    def decorator(fn):
+        for name in names:
+            ADVANTAGE_ESTIMATORS[name] = AdvantageEstimator(fn, dedupe_rows)
+        return fn
+
+    return decorator
+
+
+def get_advantage_estimator(name: str) -> AdvantageEstimator:
+    try:
+        return ADVANTAGE_ESTIMATORS[name]
+    except KeyError:
+        known = ", ".join(sorted(ADVANTAGE_ESTIMATORS))
+        raise ValueError(f"unknown advantage estimator {name!r}; known: {known}") from None
+
+
+def compute_advantages(
+    name: str, trees: Sequence[RolloutTree], rewards: Sequence[Sequence[float]], **params
+) -> TokenAdvantages:
+    """Run the estimator ``name`` after checking that rewards match the trees."""
+    rewards = [np.asarray(r, dtype=np.float64) for r in rewards]
+    if len(rewards) != len(trees):
+        raise ValueError(f"got rewards for {len(rewards)} prompts but {len(trees)} trees")
+    for i, (tree, r) in enumerate(zip(trees, rewards)):
+        if r.shape != (tree.num_trajectories,):
+            raise ValueError(
+                f"prompt {i}: {r.size} rewards for {tree.num_trajectories} trajectories"
+            )
+        if not np.all(np.isfinite(r)):
+            raise ValueError(f"prompt {i}: rewards must be finite, got {r.tolist()}")
+    return get_advantage_estimator(name).fn(trees, rewards, **params)
+
+
+# --- trajectory-level baselines ------------------------------------------------------------
+def group_normalized(rewards: np.ndarray, use_std: bool = True, eps: float = 1e-6) -> np.ndarray:
+    """GRPO's A_i = (r_i - mean r) / (std r + eps), or Dr.GRPO's r_i - mean r when not use_std."""
+    if rewards.size < 2 or np.ptp(rewards) == 0:
+        return np.zeros_like(rewards)
+    centered = rewards - rewards.mean()
+    return centered / (rewards.std(ddof=1) + eps) if use_std else centered
+
+
+def leave_one_out(rewards: np.ndarray) -> np.ndarray:
+    """RLOO / LOOP: A_i = r_i - (sum_j r_j - r_i) / (M - 1)."""
+    m = rewards.size
+    if m < 2 or np.ptp(rewards) == 0:
+        return np.zeros_like(rewards)
+    return rewards - (rewards.sum() - rewards) / (m - 1)
+
+
+def _broadcast(trees: Sequence[RolloutTree], per_trajectory: Sequence[np.ndarray]) -> TokenAdvantages:
+    """Give every response token of trajectory i its trajectory's advantage A_i."""
+    out = []
+    for tree, advantages in zip(trees, per_trajectory):
+        for trajectory, a in enumerate(advantages):
+            n = len(tree.trajectory_response_ids(trajectory))
+            out.append(np.full(n, a, dtype=np.float32))
+    return out
+
+
+@register_advantage_estimator("grpo", "arpo_soft")
+def grpo(trees, rewards, *, eps: float = 1e-6, **_) -> TokenAdvantages:
+    return _broadcast(trees, [group_normalized(r, True, eps) for r in rewards])
+
+
+@register_advantage_estimator("dr_grpo")
+def dr_grpo(trees, rewards, **_) -> TokenAdvantages:
+    return _broadcast(trees, [group_normalized(r, use_std=False) for r in rewards])
+
+
+@register_advantage_estimator("rloo", "loop")
+def rloo(trees, rewards, **_) -> TokenAdvantages:
+    return _broadcast(trees, [leave_one_out(r) for r in rewards])
+
+
+@register_advantage_estimator("reinforce_pp")
+def reinforce_pp(
+    trees,
+    rewards,
+    *,
+    token_kl: Sequence[np.ndarray] | None = None,
+    kl_coef: float = 0.0,
+    eps: float = 1e-6,
+    **_,
+) -> TokenAdvantages:
+    """REINFORCE++ with the KL-to-reference folded into the per-token return (see module doc)."""
+    returns = _broadcast(trees, rewards)
+    if token_kl is not None and kl_coef:
+        returns = [g - kl_coef * np.cumsum(kl[::-1])[::-1] for g, kl in zip(returns, token_kl)]
+    masks = [row.loss_mask for tree in trees for row in tree.to_rows()]
+    return _whiten(returns, masks, eps)
+
+
+def _whiten(values: TokenAdvantages, masks: Sequence[np.ndarray], eps: float) -> TokenAdvantages:
+    """(x - mean) / (std + eps) with mean and std over the masked tokens of the whole batch."""
+    trained = np.concatenate([v[m > 0] for v, m in zip(values, masks)] or [np.zeros(0)])
+    if trained.size < 2 or np.ptp(trained) == 0:
+        return [np.zeros_like(v, dtype=np.float32) for v in values]
+    mean, std = trained.mean(), trained.std()
+    return [((v - mean) / (std + eps)).astype(np.float32) for v in values]
+
+
+# --- tree-aware estimators -----------------------------------------------------------------
+@register_advantage_estimator("arpo_hard", dedupe_rows=True)
+def arpo_hard(trees, rewards, *, eps: float = 1e-6, **_) -> TokenAdvantages:
+    """Shared spans get the mean advantage of the trajectories that contain them."""
+    out = []
+    for tree, r in zip(trees, rewards):
+        trajectory_advantage = group_normalized(r, True, eps)
+        segment_advantage = np.array(
+            [trajectory_advantage[m].mean() if m else 0.0 for m in tree.segment_members()]
+        )
+        for row in tree.to_rows(dedupe=True):
+            out.append(segment_advantage[row.segment_ids].astype(np.float32))
+    return out
+
+
+@register_advantage_estimator("aepo")
+def aepo(
+    trees, rewards, *, base: str = "grpo", entropy_coef: float = 0.2, eps: float = 1e-6, **params
+) -> TokenAdvantages:
+    """A'_t = A_t * (1 + gamma * sg(z_t)), gamma = ``entropy_coef`` (AEPO's entropy-aware advantage)."""
+    base_estimator = get_advantage_estimator(base)
+    if base == "aepo" or base_estimator.dedupe_rows:
+        raise ValueError(f"aepo needs a full-row base estimator (grpo, dr_grpo, rloo, ...), got {base!r}")
+    advantages = base_estimator.fn(trees, rewards, eps=eps, **params)
+    rows = [row for tree in trees for row in tree.to_rows(dedupe=base_estimator.dedupe_rows)]
+    z = _whiten([row.entropies for row in rows], [row.loss_mask for row in rows], eps)
+    return [(a * (1.0 + entropy_coef * zt)).astype(np.float32) for a, zt in zip(advantages, z)]

@@ -1,0 +1,141 @@
+import math
+
+import numpy as np
+import pytest
+
+from rllib_arpo.core.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    compute_advantages,
+    get_advantage_estimator,
+)
+from rllib_arpo.core.tree import RolloutTree
+
+
+def flat_group(lengths, prompt=(1,)) -> RolloutTree:
+    """A tree with no shared spans: one model segment per trajectory."""
+    tree = RolloutTree(prompt_ids=list(prompt))
+    for i, n in enumerate(lengths):
+        tree.finish(tree.add_segment(None, list(range(100 + 10 * i, 100 + 10 * i + n)), "model"))
+    return tree
+
+
+def branched_tree() -> RolloutTree:
+    """traj 0: m0 [10, 11] + search [20] + m2 [30]; traj 1: m0 + search + m3 [31, 32]; traj 2: m4 [40]."""
+    tree = RolloutTree(prompt_ids=[1])
+    m0 = tree.add_segment(None, [10, 11], "model", entropies=[0.5, 0.1])
+    t1 = tree.add_segment(m0, [20], "tool", tool_name="search")
+    m2 = tree.add_segment(t1, [30], "model", entropies=[0.3])
+    m3 = tree.add_segment(t1, [31, 32], "model", entropies=[0.3, 0.5])
+    m4 = tree.add_segment(None, [40], "model", entropies=[0.3])
+    for leaf in (m2, m3, m4):
+        tree.finish(leaf)
+    return tree
+
+
+def per_trajectory(advantages):
+    """The single value of each row (for estimators that broadcast one A_i)."""
+    values = []
+    for a in advantages:
+        assert np.all(a == a[0])
+        values.append(float(a[0]))
+    return values
+
+
+def test_grpo_uses_sample_std():
+    # r = [1, 0, 0]: mean 1/3, deviations (2/3, -1/3, -1/3), sample var = (4/9 + 1/9 + 1/9) / 2 = 1/3
+    std = math.sqrt(1 / 3)
+    adv = compute_advantages("grpo", [flat_group([2, 1, 3])], [[1.0, 0.0, 0.0]], eps=0.0)
+    np.testing.assert_allclose(per_trajectory(adv), [(2 / 3) / std, (-1 / 3) / std, (-1 / 3) / std], rtol=1e-6)
+    assert [a.size for a in adv] == [2, 1, 3]
+
+
+def test_dr_grpo_has_no_std():
+    # r = [2, 0, 1, 1]: mean 1 -> A = r - 1
+    adv = compute_advantages("dr_grpo", [flat_group([1, 1, 1, 1])], [[2.0, 0.0, 1.0, 1.0]])
+    assert per_trajectory(adv) == [1.0, -1.0, 0.0, 0.0]
+
+
+def test_loop_baseline_excludes_the_sample_itself():
+    # r = [1, 0, 0, 1]: A_0 = 1 - (0 + 0 + 1)/3 = 2/3 ; A_1 = 0 - (1 + 0 + 1)/3 = -2/3
+    adv = compute_advantages("loop", [flat_group([1, 1, 1, 1])], [[1.0, 0.0, 0.0, 1.0]])
+    np.testing.assert_allclose(per_trajectory(adv), [2 / 3, -2 / 3, -2 / 3, 2 / 3], rtol=1e-6)
+    # equals M/(M-1) * (r - mean) = 4/3 * (1 - 0.5) = 2/3, and differs from the plain mean baseline (0.5)
+    assert get_advantage_estimator("rloo") == get_advantage_estimator("loop")
+
+
+def test_reinforce_pp_whitens_over_the_batch_tokens():
+    # two prompts, rewards 1 (2 tokens) and 0 (1 token) | 0 (1 token): tokens' returns [1, 1, 0, 0]
+    # mean 0.5, population std 0.5 -> whitened [1, 1, -1, -1]; group-wise this would be all zero for
+    # the second prompt (one trajectory), the global batch makes it -1.
+    trees = [flat_group([2, 1]), flat_group([1])]
+    adv = compute_advantages("reinforce_pp", trees, [[1.0, 0.0], [0.0]], eps=0.0)
+    np.testing.assert_allclose(np.concatenate(adv), [1, 1, -1, -1])
+
+
+def test_reinforce_pp_folds_kl_into_the_return():
+    # one prompt, trajectories of 2 tokens (r=1, kl=[0.5, 1]) and 2 tokens (r=0, kl=[0, 0]); kl_coef 1:
+    # G = [1 - (0.5 + 1), 1 - 1] = [-0.5, 0] and [0, 0]; mean -0.125, std = sqrt(mean((x+0.125)^2))
+    trees = [flat_group([2, 2])]
+    kl = [np.array([0.5, 1.0]), np.array([0.0, 0.0])]
+    adv = compute_advantages("reinforce_pp", trees, [[1.0, 0.0]], token_kl=kl, kl_coef=1.0, eps=0.0)
+    g = np.array([-0.5, 0.0, 0.0, 0.0])
+    expected = (g - g.mean()) / g.std()
+    np.testing.assert_allclose(np.concatenate(adv), expected, rtol=1e-6)
+
+
+def test_soft_and_hard_attribution_differ_exactly_on_shared_tokens():
+    tree = branched_tree()
+    rewards = [[1.0, 0.0, 0.0]]
+    std = math.sqrt(1 / 3)
+    a = [(2 / 3) / std, (-1 / 3) / std, (-1 / 3) / std]  # GRPO A_i, see test_grpo_uses_sample_std
+    soft = compute_advantages("arpo_soft", [tree], rewards, eps=0.0)
+    hard = compute_advantages("arpo_hard", [tree], rewards, eps=0.0)
+    # soft: each row keeps its own A_i on every token (shared m0 and the result included)
+    np.testing.assert_allclose(soft[0], [a[0]] * 4, rtol=1e-6)
+    np.testing.assert_allclose(soft[1], [a[1]] * 5, rtol=1e-6)
+    # hard: the shared m0 and search result get mean(A_0, A_1) = (1/6)/std; own tokens keep A_i
+    shared = (a[0] + a[1]) / 2
+    assert shared == pytest.approx((1 / 6) / std)
+    np.testing.assert_allclose(hard[0], [shared, shared, shared, a[0]], rtol=1e-6)
+    np.testing.assert_allclose(hard[1], [shared, shared, shared, a[1], a[1]], rtol=1e-6)
+    np.testing.assert_allclose(hard[2], [a[2]], rtol=1e-6)
+    # unshared tokens agree; the shared ones differ by exactly A_i - mean
+    np.testing.assert_allclose(hard[0][:2] - soft[0][:2], shared - a[0], rtol=1e-6)
+    assert get_advantage_estimator("arpo_hard").dedupe_rows
+    assert not get_advantage_estimator("arpo_soft").dedupe_rows
+
+
+def test_aepo_scales_by_standardised_entropy():
+    tree = branched_tree()
+    # trained tokens of the full rows: row 0 [0.5, 0.1, 0.3], row 1 [0.5, 0.1, 0.3, 0.5], row 2 [0.3]
+    trained = np.array([0.5, 0.1, 0.3, 0.5, 0.1, 0.3, 0.5, 0.3])
+    mean, std = trained.mean(), trained.std()  # 0.325, population std
+    z_row1 = (np.array([0.5, 0.1, 0.0, 0.3, 0.5]) - mean) / std  # tool token's entropy stored as 0
+    base = compute_advantages("grpo", [tree], [[1.0, 0.0, 0.0]], eps=0.0)
+    adv = compute_advantages("aepo", [tree], [[1.0, 0.0, 0.0]], entropy_coef=0.2, eps=0.0)
+    np.testing.assert_allclose(adv[1], base[1] * (1 + 0.2 * z_row1), rtol=1e-5)
+    with pytest.raises(ValueError, match="full-row base"):
+        compute_advantages("aepo", [tree], [[1.0, 0.0, 0.0]], base="arpo_hard")
+
+
+@pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
+@pytest.mark.parametrize("rewards", [[0.5, 0.5, 0.5], [1.0]], ids=["all-equal", "single"])
+def test_degenerate_groups_give_zero_not_nan(name, rewards):
+    tree = flat_group([2] * len(rewards))
+    adv = compute_advantages(name, [tree], [rewards])
+    assert all(np.all(a == 0.0) for a in adv)
+
+
+@pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
+def test_empty_batch_gives_no_rows(name):
+    assert compute_advantages(name, [], []) == []
+
+
+def test_bad_rewards_are_rejected_with_clear_errors():
+    tree = flat_group([1, 1])
+    with pytest.raises(ValueError, match="finite"):
+        compute_advantages("grpo", [tree], [[1.0, float("nan")]])
+    with pytest.raises(ValueError, match="1 rewards for 2 trajectories"):
+        compute_advantages("grpo", [tree], [[1.0]])
+    with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'.*grpo"):
+        compute_advantages("ppo", [tree], [[1.0, 0.0]])
