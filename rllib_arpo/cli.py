@@ -1,0 +1,133 @@
+"""The ``rllib`` console script: ``rllib train file tuned_examples/arpo_tiny.yaml``.
+
+Ray 2.60 no longer ships an ``rllib`` command; this one reads the classic tuned-example schema
+
+    experiment_name:
+      run: ARPO
+      stop: {training_iteration: 20}
+      config: {model_path: tiny, tau: {grid_search: [0.3, 0.5]}, ...}
+      checkpoint_config: {checkpoint_frequency: 10, checkpoint_at_end: true}
+
+and runs it with Ray Tune (TensorBoard, CSV and JSON logs under the storage path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+EXPERIMENT_KEYS = {"run", "stop", "config", "checkpoint_config", "storage_path", "num_samples"}
+
+
+class ConfigError(ValueError):
+    """A problem in the experiment file, reported without a traceback."""
+
+
+def _grid_search_to_tune(value: Any) -> Any:
+    from ray import tune
+
+    if isinstance(value, dict):
+        if set(value) == {"grid_search"}:
+            return tune.grid_search(list(value["grid_search"]))
+        return {k: _grid_search_to_tune(v) for k, v in value.items()}
+    return value
+
+
+def load_experiments(path: str, stop_override: dict | None = None) -> dict[str, dict]:
+    """Read and check an experiment file; return ``{name: experiment}``."""
+    from rllib_arpo.algorithm import ARPOConfig, TRAINABLES
+
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"experiment file {path} does not exist")
+    try:
+        experiments = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path} is not valid YAML: {error}") from None
+    if not isinstance(experiments, dict) or not experiments:
+        raise ConfigError(f"{path} must map an experiment name to {{run, stop, config}}")
+    known_fields = set(vars(ARPOConfig()))
+    for name, experiment in experiments.items():
+        if not isinstance(experiment, dict):
+            raise ConfigError(f"experiment {name!r} must be a mapping")
+        unknown = set(experiment) - EXPERIMENT_KEYS
+        if unknown:
+            raise ConfigError(f"experiment {name!r}: unknown key(s) {sorted(unknown)}; known: {sorted(EXPERIMENT_KEYS)}")
+        run = experiment.get("run")
+        if run not in TRAINABLES:
+            raise ConfigError(f"experiment {name!r}: unknown run: {run!r}; known: {sorted(TRAINABLES)}")
+        for key in experiment.get("config") or {}:
+            if key not in known_fields:
+                close = difflib.get_close_matches(key, known_fields, n=3)
+                hint = f" (did you mean {', '.join(close)}?)" if close else ""
+                raise ConfigError(f"experiment {name!r}: unknown config key {key!r}{hint}")
+        if stop_override:
+            experiment["stop"] = stop_override
+    return experiments
+
+
+def train_file(path: str, stop: dict | None = None, storage_path: str | None = None) -> int:
+    import ray
+    from ray import tune
+
+    from rllib_arpo.algorithm import TRAINABLES
+
+    experiments = load_experiments(path, stop)
+    failed = 0
+    for name, experiment in experiments.items():
+        config = TRAINABLES[experiment["run"]].get_default_config()
+        param_space = config.to_dict()
+        param_space.update(_grid_search_to_tune(experiment.get("config") or {}))
+        storage = storage_path or experiment.get("storage_path")
+        run_config = tune.RunConfig(
+            name=name,
+            stop=experiment.get("stop"),
+            storage_path=str(Path(storage).resolve()) if storage else None,
+            checkpoint_config=tune.CheckpointConfig(**(experiment.get("checkpoint_config") or {})),
+            verbose=1,
+        )
+        tuner = tune.Tuner(
+            experiment["run"],
+            param_space=param_space,
+            run_config=run_config,
+            tune_config=tune.TuneConfig(num_samples=experiment.get("num_samples", 1)),
+        )
+        results = tuner.fit()
+        failed += sum(1 for result in results if result.error)
+        for result in results:
+            metrics = result.metrics or {}
+            print(
+                f"[{name}] trial {metrics.get('trial_id', '?')}: "
+                f"iterations={metrics.get('training_iteration')} path={result.path}"
+                + (f" ERROR: {result.error}" if result.error else "")
+            )
+    if ray.is_initialized():
+        ray.shutdown()
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rllib", description="Train ARPO and its baselines with Ray RLlib.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser("train", help="train an algorithm")
+    train_sources = train.add_subparsers(dest="source", required=True)
+    from_file = train_sources.add_parser("file", help="train from a tuned-example YAML file")
+    from_file.add_argument("config_file")
+    from_file.add_argument("--stop", type=json.loads, help='JSON stop criteria, e.g. \'{"training_iteration": 2}\'')
+    from_file.add_argument("--storage-path", help="where Tune writes results (default ~/ray_results)")
+    args = parser.parse_args(argv)
+    try:
+        return train_file(args.config_file, args.stop, args.storage_path)
+    except ConfigError as error:
+        print(f"rllib: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""When a path of an ARPO tree rollout forks after a tool call, and how a prompt's budget is spent.
+
+Per prompt the rollout driver uses this module as follows (ARPO, arXiv 2507.19849, Sec. 3.2):
+
+1. ``budget = BranchBudget(total=M, initial=N, branch_factor=Z)``; sample ``budget.initial``
+   trajectories from the prompt.
+2. For every trajectory, H_initial is the window-mean normalised entropy of its *first*
+   generated segment in *this* training step. (The reference code keeps the baseline of
+   step 1 forever; ours is reset every step.)
+3. After each tool call t on a path, the driver generates the continuation and takes H_t, the
+   mean normalised entropy of the first k tokens generated *after the current tool result*
+   (the reference code measures the previous segment: a one-round lag). It then asks
+   ``policy.should_branch(delta_entropy=H_t - H_initial, consecutive_branches=l, rng=rng)``.
+   When that is true and ``budget.can_branch()``, it forks ``budget.children_per_branch()``
+   extra children and calls ``budget.record_branch(n)``, which returns how many it may keep.
+4. When every path has ended, ``budget.fill_count(num_finished)`` fresh trajectories are
+   sampled from the prompt, so that the prompt has exactly M trajectories.
+
+Two branching rules are provided. ARPO (``ARPOBranchingPolicy``) compares an entropy-driven
+score with a threshold, either deterministically (the paper) or by a coin flip (the reference
+code). AEPO (arXiv 2510.14545, ``AEPOBranchingPolicy``) wraps the ARPO rule and damps it on
+paths that keep branching; its entropy pre-monitoring (``aepo_global_samples``) decides how
+many of the M trajectories are sampled globally before any branching.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Literal, Protocol
+
+import numpy as np
+
+BranchingMode = Literal["threshold", "stochastic"]
+BRANCHING_MODES: tuple[str, ...] = ("threshold", "stochastic")
+
+
+class BranchingPolicy(Protocol):
+    """What the rollout driver calls after each tool call of a path."""
+
+    def should_branch(
+        self,
+        delta_entropy: float,
+        consecutive_branches: int = 0,
+        rng: np.random.Generator | None = None,
+    ) -> bool: ...
+
+
+def _check_finite(name: str, value: float) -> None:
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value}")
+
+
+@dataclass(frozen=True)
+class ARPOBranchingPolicy:
+    """ARPO's entropy-based adaptive branching rule.
+
+    dH_t = H_t - H_initial is the change of normalised entropy after tool call t.
+
+    - ``mode="threshold"`` (paper): P_t = alpha + beta * dH_t, branch when P_t > tau. The
+      decision is deterministic and P_t is not clipped (it is a score compared with tau).
+      With alpha = tau (the defaults) this branches exactly when dH_t > 0.
+    - ``mode="stochastic"`` (reference code): branch with probability
+      p_t = clip(tau + beta * dH_t, 0, 1). alpha is not used in this mode.
+
+    Attributes:
+        alpha: base score alpha of the paper form (default 0.5, equal to tau).
+        beta: entropy weight beta >= 0 (default 0.2, the reference scripts' value).
+        tau: threshold tau in [0, 1] (default 0.5, the reference scripts' value); in the
+            stochastic mode it is the branch probability at dH_t = 0.
+        mode: ``"threshold"`` or ``"stochastic"``.
+    """
+
+    alpha: float = 0.5
+    beta: float = 0.2
+    tau: float = 0.5
+    mode: BranchingMode = "threshold"
+
+    def __post_init__(self) -> None:
+        for name in ("alpha", "beta", "tau"):
+            _check_finite(name, getattr(self, name))
+        if not 0.0 <= self.tau <= 1.0:
+            raise ValueError(f"tau must lie in [0, 1], got {self.tau}")
+        if self.beta < 0.0:
+            raise ValueError(f"beta must be >= 0, got {self.beta}")
+        if self.mode not in BRANCHING_MODES:
+            raise ValueError(f"mode must be one of {BRANCHING_MODES}, got {self.mode!r}")
+
+    def branch_probability(self, delta_entropy: float) -> float:
+        """P_t = alpha + beta * dH_t (threshold mode) or clip(tau + beta * dH_t, 0, 1) (stochastic)."""
+        _check_finite("delta_entropy", delta_entropy)
+        if self.mode == "threshold":
+            return self.alpha + self.beta * delta_entropy
+        return min(1.0, max(0.0, self.tau + self.beta * delta_entropy))
+
+    def decide(self, probability: float, rng: np.random.Generator | None = None) -> bool:
+        """Turn a branch probability into a decision: P > tau (threshold) or u < p, u ~ U[0, 1) (stochastic)."""
+        if self.mode == "threshold":
+            return probability > self.tau
+        if rng is None:
+            raise ValueError("mode='stochastic' needs rng, a numpy.random.Generator")
+        return bool(rng.random() < probability)
+
+    def should_branch(
+        self,
+        delta_entropy: float,
+        consecutive_branches: int = 0,
+        rng: np.random.Generator | None = None,
+    ) -> bool:
+        """Whether the path forks after this tool call. ``consecutive_branches`` is unused by ARPO."""
+        return self.decide(self.branch_probability(delta_entropy), rng)
+
+
+@dataclass(frozen=True)
+class AEPOBranchingPolicy:
+    """AEPO's consecutive-branch penalty around an ARPO rule (arXiv 2510.14545).
+
+    The ARPO score is multiplied by max(0, 1 - penalty * l), where l is the number of
+    high-entropy branchings in a row directly above this tool call on the path (the driver
+    passes it as ``consecutive_branches``; it is 0 after a tool call that did not branch).
+    In threshold mode the damped P_t is compared with tau; in stochastic mode it is the
+    probability of branching. With penalty = 0.05, a path that branched 20 times in a row
+    never branches again.
+
+    Attributes:
+        base: the ARPO rule being damped (its alpha, beta, tau and mode apply).
+        penalty: the per-branch penalty (default 0.05, AEPO's value), >= 0.
+    """
+
+    base: ARPOBranchingPolicy = field(default_factory=ARPOBranchingPolicy)
+    penalty: float = 0.05
+
+    def __post_init__(self) -> None:
+        _check_finite("penalty", self.penalty)
+        if self.penalty < 0.0:
+            raise ValueError(f"penalty must be >= 0, got {self.penalty}")
+
+    @classmethod
+    def from_params(cls, penalty: float = 0.05, **arpo_params) -> AEPOBranchingPolicy:
+        """Build from flat parameters: ``penalty`` plus ARPOBranchingPolicy's alpha, beta, tau, mode."""
+        return cls(base=ARPOBranchingPolicy(**arpo_params), penalty=penalty)
+
+    def penalty_factor(self, consecutive_branches: int) -> float:
+        """max(0, 1 - penalty * l)."""
+        if consecutive_branches < 0:
+            raise ValueError(f"consecutive_branches must be >= 0, got {consecutive_branches}")
+        return max(0.0, 1.0 - self.penalty * consecutive_branches)
+
+    def branch_probability(self, delta_entropy: float, consecutive_branches: int = 0) -> float:
+        """The ARPO score of dH_t times max(0, 1 - penalty * l)."""
+        return self.base.branch_probability(delta_entropy) * self.penalty_factor(consecutive_branches)
+
+    def should_branch(
+        self,
+        delta_entropy: float,
+        consecutive_branches: int = 0,
+        rng: np.random.Generator | None = None,
+    ) -> bool:
+        """Whether the path forks after this tool call, under the base rule's mode."""
+        return self.base.decide(self.branch_probability(delta_entropy, consecutive_branches), rng)
+
+
+def aepo_global_samples(
+    total_rollouts: int,
+    root_entropy: float,
+    mean_tool_entropy: float,
+    sensitivity: float = 1.0,
+) -> int:
+    """AEPO's entropy pre-monitoring: how many of the M trajectories are sampled globally.
+
+    m = clamp(floor(M * sigmoid(b * (H_root - mean H_tool))) + 1, 1, M), with b the
+    sensitivity. The remaining M - m trajectories come from branching. If the question itself
+    is more uncertain than the tool feedback (H_root > mean H_tool), more global trajectories
+    are sampled; otherwise more of the budget goes to branching after tool calls. The result
+    is the ``initial`` of a ``BranchBudget``.
+    """
+    if total_rollouts < 1:
+        raise ValueError(f"total_rollouts (M={total_rollouts}) must be >= 1")
+    for name, value in (("root_entropy", root_entropy), ("mean_tool_entropy", mean_tool_entropy),
+                        ("sensitivity", sensitivity)):
+        _check_finite(name, value)
+    if sensitivity < 0.0:
+        raise ValueError(f"sensitivity (b={sensitivity}) must be >= 0")
+    x = sensitivity * (root_entropy - mean_tool_entropy)
+    sigmoid = 0.5 * (1.0 + math.tanh(0.5 * x))  # = 1 / (1 + e^-x), without overflow
+    return min(total_rollouts, max(1, math.floor(total_rollouts * sigmoid) + 1))
+
+
+@dataclass
+class BranchBudget:
+    """The rollout budget of one prompt: M trajectories, N of them sampled from the prompt first.
+
+    A *branch* is one extra path forked at a branch point. Branches never exceed M - N, so
+    the paths of the tree never exceed M; ``fill_count`` then tops the prompt up to exactly M.
+
+    Attributes:
+        total: M, the number of trajectories per prompt (config ``total_rollouts``).
+        initial: N, the trajectories sampled from the prompt before any branching
+            (config ``initial_rollouts``), 1 <= N <= M.
+        branch_factor: Z, the number of paths leaving a branch point: the current path plus
+            Z - 1 extra children. Z = 2 (the reference default) forks one extra child per
+            branch point; Z = 1 never branches.
+    """
+
+    total: int
+    initial: int
+    branch_factor: int = 2
+    _branches_used: int = field(default=0, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.initial < 1:
+            raise ValueError(f"initial_rollouts (N={self.initial}) must be >= 1")
+        if self.total < self.initial:
+            raise ValueError(
+                f"total_rollouts (M={self.total}) must be >= initial_rollouts (N={self.initial})"
+            )
+        if self.branch_factor < 1:
+            raise ValueError(f"branch_factor (Z={self.branch_factor}) must be >= 1")
+
+    @property
+    def branches_used(self) -> int:
+        """Extra paths forked so far."""
+        return self._branches_used
+
+    @property
+    def branches_remaining(self) -> int:
+        """Extra paths that may still be forked: M - N - branches_used."""
+        return self.total - self.initial - self._branches_used
+
+    @property
+    def num_paths(self) -> int:
+        """Paths started so far: N + branches_used (never more than M)."""
+        return self.initial + self._branches_used
+
+    def children_per_branch(self) -> int:
+        """Z - 1: the extra children forked at one branch point."""
+        return self.branch_factor - 1
+
+    def can_branch(self) -> bool:
+        """True while Z > 1 and at least one branch is left."""
+        return self.children_per_branch() > 0 and self.branches_remaining > 0
+
+    def record_branch(self, requested: int) -> int:
+        """Record a branch point asking for ``requested`` extra children; return how many are granted.
+
+        granted = min(requested, Z - 1, branches_remaining); the driver forks only those.
+        """
+        if requested < 0:
+            raise ValueError(f"requested children must be >= 0, got {requested}")
+        granted = min(requested, self.children_per_branch(), self.branches_remaining)
+        self._branches_used += granted
+        return granted
+
+    def fill_count(self, num_finished: int) -> int:
+        """Fresh trajectories to sample from the prompt once all paths have ended: M - num_finished.
+
+        ``num_finished`` may be below ``num_paths`` when the driver dropped paths.
+        """
+        if not 0 <= num_finished <= self.num_paths:
+            raise ValueError(
+                f"num_finished ({num_finished}) must lie in [0, num_paths={self.num_paths}]"
+            )
+        return self.total - num_finished
+
+
+BRANCHING_POLICIES: dict[str, Callable[..., BranchingPolicy]] = {
+    "arpo": ARPOBranchingPolicy,
+    "aepo": AEPOBranchingPolicy.from_params,
+}
+
+
+def make_branching_policy(name: str, **params) -> BranchingPolicy:
+    """Build a branching policy by name: ``"arpo"`` (alpha, beta, tau, mode) or ``"aepo"`` (the same plus penalty)."""
+    if name not in BRANCHING_POLICIES:
+        raise ValueError(f"unknown branching policy {name!r}; known: {sorted(BRANCHING_POLICIES)}")
+    return BRANCHING_POLICIES[name](**params)

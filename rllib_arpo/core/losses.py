@@ -1,0 +1,329 @@
+"""Token-level policy losses of the PPO-clip family, their aggregation, and the KL penalty.
+
+Every per-token tensor is ``[B, T]`` (B trajectory rows, T response tokens) and comes with a
+``loss_mask`` ``[B, T]`` whose nonzero entries are the tokens being trained (policy tokens; tool
+results and padding are 0). With
+
+    r_t = pi_theta(a_t | s_t) / pi_old(a_t | s_t) = exp(log pi_theta - log pi_old)
+
+and the per-token advantage A_t, each registered loss returns a per-token loss l_t (to be
+minimised) and where its clip was active:
+
+- ``ppo_clip``: l_t = -min(r_t A_t, clip(r_t, 1 - eps_low, 1 + eps_high) A_t), with asymmetric
+  bounds (DAPO's clip-higher uses eps_high = 0.28) and optional dual clip c > 1: for A_t < 0 the
+  loss is capped at -c A_t (Ye et al. 2020, dual-clip PPO).
+- ``sg_clip``: GPPO's gradient-preserving clip, which AEPO's entropy-balanced clipping builds
+  on. Same forward value as ``ppo_clip``; clipped tokens keep a gradient.
+- ``cispo``: CISPO (MiniMax-M1): l_t = -sg(clip(r_t, 1 - eps_low, 1 + eps_high)) A_t log pi_theta.
+
+``compute_policy_loss`` is the single entry point the learner calls: it adds the optional KL
+penalty to a reference policy, aggregates (``aggregate_loss``) and returns metrics.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Literal, NamedTuple
+
+import torch
+
+AggregationMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+KLKind = Literal["k1", "k2", "k3"]
+
+
+class PolicyLossTerms(NamedTuple):
+    """What a registered policy loss returns.
+
+    Attributes:
+        per_token_loss: ``[B, T]`` loss l_t (not yet masked or aggregated).
+        clipped: ``[B, T]`` bool, True where the loss's clip was active on that token.
+    """
+
+    per_token_loss: torch.Tensor
+    clipped: torch.Tensor
+
+
+PolicyLoss = Callable[..., PolicyLossTerms]
+"""Signature: ``(logprobs, old_logprobs, advantages, *, eps_low, eps_high, dual_clip)``."""
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {}
+
+
+def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
+    """Decorator that adds a policy loss to ``POLICY_LOSSES`` under ``name``."""
+
+    def register(loss: PolicyLoss) -> PolicyLoss:
+        if name in POLICY_LOSSES:
+            raise ValueError(f"a policy loss named {name!r} is already registered")
+        POLICY_LOSSES[name] = loss
+        return loss
+
+    return register
+
+
+def get_policy_loss(name: str) -> PolicyLoss:
+    """The registered policy loss called ``name``; a ValueError lists the known names."""
+    if name not in POLICY_LOSSES:
+        known = ", ".join(sorted(POLICY_LOSSES))
+        raise ValueError(f"unknown policy loss {name!r}; known policy losses: {known}")
+    return POLICY_LOSSES[name]
+
+
+def _clipped_surrogate(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    eps_low: float,
+    eps_high: float,
+    dual_clip: float | None,
+    keep_clipped_gradient: bool,
+) -> PolicyLossTerms:
+    """PPO's clipped surrogate, optionally with gradient-preserving (stop-gradient) clipping.
+
+    min(r A, clip(r) A) picks the clipped term exactly on the tokens where
+    A > 0 and r > 1 + eps_high, or A < 0 and r < 1 - eps_low; everywhere else it is r A.
+    On those tokens the clipped ratio is a constant, so PPO gives them no gradient. With
+    ``keep_clipped_gradient`` the clipped ratio is written as sg(clip(r)) * r / sg(r): the same
+    value, but d/dtheta = clip(r) * d log pi_theta / dtheta.
+    """
+    ratio = torch.exp(logprobs - old_logprobs)
+    clipped_ratio = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    if keep_clipped_gradient:
+        clipped_ratio = clipped_ratio.detach() * ratio / ratio.detach()
+    clipped = ((advantages > 0) & (ratio > 1.0 + eps_high)) | (
+        (advantages < 0) & (ratio < 1.0 - eps_low)
+    )
+    objective = torch.where(clipped, clipped_ratio * advantages, ratio * advantages)
+    if dual_clip is not None:
+        if dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+        # For A < 0 the objective r A is unbounded below as r grows: cap it at c A.
+        dual_clipped = (advantages < 0) & (objective < dual_clip * advantages)
+        objective = torch.where(dual_clipped, dual_clip * advantages, objective)
+        clipped = clipped | dual_clipped
+    return PolicyLossTerms(-objective, clipped)
+
+
+@register_policy_loss("ppo_clip")
+def ppo_clip(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    eps_low: float,
+    eps_high: float,
+    dual_clip: float | None = None,
+) -> PolicyLossTerms:
+    """Token-level PPO clip with clip-higher and optional dual clip.
+
+        l_t = -min(r_t A_t, clip(r_t, 1 - eps_low, 1 + eps_high) A_t)
+        with dual clip c (> 1), for A_t < 0:  l_t = min(l_t, -c A_t)
+
+    Tokens where the clip (or the dual clip) is active get no gradient.
+    """
+    return _clipped_surrogate(
+        logprobs, old_logprobs, advantages, eps_low, eps_high, dual_clip,
+        keep_clipped_gradient=False,
+    )
+
+
+@register_policy_loss("sg_clip")
+def sg_clip(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    eps_low: float,
+    eps_high: float,
+    dual_clip: float | None = None,
+) -> PolicyLossTerms:
+    """Stop-gradient clip: GPPO's gradient-preserving clipping, the basis of AEPO's clipping.
+
+    The clipped ratio is written with a stop-gradient sg(.):
+
+        A_t > 0, r_t > 1 + eps_high:  l_t = -(1 + eps_high) * r_t / sg(r_t) * A_t
+        A_t < 0, r_t < 1 - eps_low:   l_t = -(1 - eps_low)  * r_t / sg(r_t) * A_t
+        otherwise:                    l_t = ppo_clip's l_t
+
+    Forward values equal ``ppo_clip`` exactly (r / sg(r) = 1). The gradient differs only on the
+    clipped tokens: instead of 0 it is dl_t/dlog pi_theta = -(1 +/- eps) A_t, i.e. the gradient
+    of the unclipped term rescaled to the clip bound, so high-entropy exploratory tokens whose
+    ratio left the trust region still learn (AEPO arXiv 2510.14545, entropy-balanced clipping).
+
+    AEPO writes the stop-gradient into the upper bound only, clamp(r, 1 - eps_low,
+    (1 + eps_high) r / sg(r)); we apply it to both bounds as GPPO does, so tokens with A < 0
+    below 1 - eps_low keep a gradient too. A dual clip, if given, stays a hard cap (no
+    gradient), as in ``ppo_clip``.
+    """
+    return _clipped_surrogate(
+        logprobs, old_logprobs, advantages, eps_low, eps_high, dual_clip,
+        keep_clipped_gradient=True,
+    )
+
+
+@register_policy_loss("cispo")
+def cispo(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    eps_low: float,
+    eps_high: float,
+    dual_clip: float | None = None,
+) -> PolicyLossTerms:
+    """CISPO (MiniMax-M1): clip the importance weight, not the update.
+
+        l_t = -sg(clip(r_t, 1 - eps_low, 1 + eps_high)) * A_t * log pi_theta(a_t | s_t)
+
+    The weight is a constant, so dl_t/dlog pi_theta = -clip(r_t) A_t: every token keeps a
+    gradient (a REINFORCE term weighted by the clipped importance ratio). The loss value is a
+    surrogate whose gradient is the point; it is not comparable with ``ppo_clip``'s value.
+    MiniMax-M1 effectively clips only the upper side (a large eps_low). ``clipped`` marks tokens
+    whose weight was clipped. There is no dual clip (the weight is already bounded).
+    """
+    if dual_clip is not None:
+        raise ValueError("cispo bounds its importance weight already; dual_clip must be None")
+    ratio = torch.exp(logprobs - old_logprobs).detach()
+    weight = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    clipped = (ratio < 1.0 - eps_low) | (ratio > 1.0 + eps_high)
+    return PolicyLossTerms(-weight * advantages * logprobs, clipped)
+
+
+def aggregate_loss(
+    per_token_loss: torch.Tensor,
+    loss_mask: torch.Tensor,
+    mode: AggregationMode = "token-mean",
+    token_sum_norm: float | None = None,
+) -> torch.Tensor:
+    """Reduce a ``[B, T]`` per-token loss to a scalar over the masked tokens.
+
+    With m_{i,t} the mask, n_i = sum_t m_{i,t} and I = {i : n_i > 0} the rows with tokens:
+
+    - ``token-mean`` (DAPO): sum_{i,t} m l / sum_i n_i. Every token weighs the same.
+    - ``seq-mean-token-mean`` (GRPO): mean_{i in I} (sum_t m l / n_i). Every sequence weighs
+      the same, so tokens of long sequences weigh less.
+    - ``seq-mean-token-sum`` (Dr.GRPO): mean_{i in I} (sum_t m l / N), with the constant
+      N = ``token_sum_norm`` (Dr.GRPO uses the maximum response length) or N = 1 when None. No
+      length-dependent normaliser, which is Dr.GRPO's fix for GRPO's length bias.
+
+    Rows without tokens are left out of the sequence means (they are padding or fully shared
+    rows, not samples). An all-zero mask gives 0 (still attached to the graph), never NaN.
+    Masked-out entries are excluded with ``torch.where``, so a non-finite loss on padding does
+    not leak into the value.
+    """
+    if token_sum_norm is not None and mode != "seq-mean-token-sum":
+        raise ValueError(f"token_sum_norm only applies to 'seq-mean-token-sum', not {mode!r}")
+    mask = loss_mask.bool()
+    masked_loss = torch.where(mask, per_token_loss, torch.zeros_like(per_token_loss))
+    tokens_per_row = mask.sum(dim=-1)
+    if mode == "token-mean":
+        return masked_loss.sum() / tokens_per_row.sum().clamp_min(1)
+    if mode == "seq-mean-token-mean":
+        row_losses = masked_loss.sum(dim=-1) / tokens_per_row.clamp_min(1)
+    elif mode == "seq-mean-token-sum":
+        row_losses = masked_loss.sum(dim=-1) / (token_sum_norm or 1.0)
+    else:
+        raise ValueError(
+            f"unknown aggregation mode {mode!r}; known: token-mean, seq-mean-token-mean, "
+            "seq-mean-token-sum"
+        )
+    rows_with_tokens = (tokens_per_row > 0).sum()
+    return row_losses.sum() / rows_with_tokens.clamp_min(1)
+
+
+def kl_penalty(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind = "k3"
+) -> torch.Tensor:
+    """Per-token estimate of KL(pi_theta || pi_ref) from tokens sampled by pi_theta.
+
+    With log rho = log pi_ref - log pi_theta (Schulman, "Approximating KL Divergence", 2020):
+
+    - ``k1`` = -log rho = log(pi_theta / pi_ref): unbiased, can be negative.
+    - ``k2`` = (log rho)^2 / 2: biased, always >= 0.
+    - ``k3`` = rho - log rho - 1: unbiased, always >= 0. log rho is clamped to [-20, 20]
+      first so exp never overflows (that changes only values above e^20).
+    """
+    log_rho = ref_logprobs - logprobs
+    if kind == "k1":
+        return -log_rho
+    if kind == "k2":
+        return 0.5 * log_rho.square()
+    if kind == "k3":
+        log_rho = log_rho.clamp(-20.0, 20.0)
+        return torch.exp(log_rho) - log_rho - 1.0
+    raise ValueError(f"unknown KL estimator {kind!r}; known: k1, k2, k3")
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    return float(values[mask].mean()) if mask.any() else 0.0
+
+
+def compute_policy_loss(
+    name: str,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    dual_clip: float | None = None,
+    agg_mode: AggregationMode = "token-mean",
+    token_sum_norm: float | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_kind: KLKind = "k3",
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The learner's loss: policy loss ``name`` plus kl_coef * KL to pi_ref, aggregated.
+
+        L = agg_mode( l_t + kl_coef * KL_t ) over the tokens with loss_mask = 1
+
+    Args:
+        name: a key of ``POLICY_LOSSES`` (``ppo_clip``, ``sg_clip``, ``cispo``).
+        logprobs: ``[B, T]`` log pi_theta of the sampled tokens (requires grad).
+        old_logprobs: ``[B, T]`` log pi_old at sampling time (treated as a constant).
+        advantages: ``[B, T]`` per-token advantages (treated as a constant).
+        loss_mask: ``[B, T]``, nonzero on trained tokens.
+        eps_low, eps_high: clip bounds 1 - eps_low, 1 + eps_high (DAPO: eps_high = 0.28).
+        dual_clip: dual-clip constant c > 1 for negative advantages (``None`` = off).
+        agg_mode, token_sum_norm: see ``aggregate_loss``.
+        ref_logprobs: ``[B, T]`` log pi_ref for the KL penalty (``None`` = no KL term).
+        kl_coef, kl_kind: the penalty's weight and estimator (see ``kl_penalty``).
+
+    Returns:
+        ``(loss, metrics)``. Metrics are floats over the masked tokens (0.0 when there are none):
+        ``policy_loss`` (the aggregated policy term), ``clip_fraction`` (share of tokens where
+        the clip was active), ``approx_kl`` (k3 estimate of KL(pi_old || pi_theta)),
+        ``ratio_mean``, ``ratio_min``, ``ratio_max``, and ``kl`` (token mean of the KL
+        estimate to pi_ref) when ``ref_logprobs`` is given.
+    """
+    if not logprobs.shape == old_logprobs.shape == loss_mask.shape:
+        raise ValueError(
+            f"logprobs {tuple(logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} and "
+            f"loss_mask {tuple(loss_mask.shape)} must have the same [B, T] shape"
+        )
+    policy_loss = get_policy_loss(name)
+    old_logprobs, advantages = old_logprobs.detach(), advantages.detach()
+    terms = policy_loss(
+        logprobs, old_logprobs, advantages, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip
+    )
+    per_token_loss = terms.per_token_loss
+    if ref_logprobs is not None:
+        kl = kl_penalty(logprobs, ref_logprobs.detach(), kl_kind)
+        per_token_loss = per_token_loss + kl_coef * kl
+    loss = aggregate_loss(per_token_loss, loss_mask, agg_mode, token_sum_norm)
+
+    mask = loss_mask.bool()
+    with torch.no_grad():
+        policy_term = aggregate_loss(terms.per_token_loss, loss_mask, agg_mode, token_sum_norm)
+        ratio = torch.exp(logprobs - old_logprobs)[mask]
+        metrics = {
+            "policy_loss": float(policy_term),
+            "clip_fraction": _masked_mean(terms.clipped.float(), mask),
+            "approx_kl": _masked_mean(kl_penalty(old_logprobs, logprobs, "k3"), mask),
+            "ratio_mean": float(ratio.mean()) if ratio.numel() else 0.0,
+            "ratio_min": float(ratio.min()) if ratio.numel() else 0.0,
+            "ratio_max": float(ratio.max()) if ratio.numel() else 0.0,
+        }
+        if ref_logprobs is not None:
+            metrics["kl"] = _masked_mean(kl, mask)
+    return loss, metrics

@@ -1,0 +1,349 @@
+"""Rewards for tool-integrated reasoning: answer extraction, QA and math scoring, format check,
+and ARPO's hierarchical reward (arXiv 2507.19849, Sec. 3.4).
+
+The hierarchical reward of a response with ground truth ``y``::
+
+    R = format_penalty                     if the response breaks the TIR format   (default -1)
+    R = S + r_M                            otherwise
+    S   = correctness score of the extracted answer against y, in [0, 1]
+          (token F1 or exact match for QA, 1/0 symbolic equivalence for math)
+    r_M = multi_tool_bonus  if S > 0 and every tool in multi_tool_set was called at least once
+          (default 0.1 for using both search and python), else 0
+
+Where we differ from the reference code:
+
+- The reference prompts (``rl_datasets/*.parquet``) spell ``\\boxed`` with a backspace
+  character where ``\\b`` was meant (``"\\x08oxed{...}"``); models trained on them copy it. The
+  reference extractor misses that form and scores such answers 0; ``extract_answer`` accepts it.
+- Tool results and tool-call bodies are opaque to the format check: a web page or a Python string
+  that contains ``<answer>`` does not break the format of the model's own text.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import string
+import threading
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Literal, Mapping, Sequence
+
+from math_verify import parse, verify
+from math_verify.errors import TimeoutException
+
+Task = Literal["qa", "math"]
+Metric = Literal["em", "f1", "math"]
+GroundTruth = str | Sequence[str]
+
+DEFAULT_TOOL_TAGS: tuple[str, ...] = ("search", "python", "browse")
+
+# ``\boxed{`` and ``\fbox{``, also with the ``\b`` / ``\f`` escape already turned into a control
+# character (backspace 0x08, form feed 0x0c) as in the reference data's system prompt.
+_BOXED_OPEN = re.compile(r"(?:\\boxed|\x08oxed|\\fbox|\x0cbox)\s*\{")
+_ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_GSM8K_ANSWER = re.compile(r"####\s*([^\n]*)")
+_THOUSANDS_NUMBER = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d*)?")
+_PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
+_LATEX_TEXT = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = frozenset(string.punctuation)
+
+
+# --- answer extraction ------------------------------------------------------------------------
+def _last_boxed(text: str) -> str | None:
+    """Content of the last complete ``\\boxed{...}`` (outermost, braces balanced), or None."""
+    last = None
+    position = 0
+    while (match := _BOXED_OPEN.search(text, position)) is not None:
+        depth, end = 1, match.end()
+        while end < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[end], 0)
+            end += 1
+        if depth:  # never closed (e.g. a truncated response): look for a later, complete one
+            position = match.end()
+            continue
+        last = text[match.end() : end - 1].strip()
+        position = end
+    return last
+
+
+def _strip_thousands(number: str) -> str:
+    """``"1,450,000"`` -> ``"1450000"``; any other string is returned unchanged."""
+    return number.replace(",", "") if _THOUSANDS_NUMBER.fullmatch(number) else number
+
+
+def extract_answer(text: str) -> str | None:
+    """The final answer stated in a response, or None when it states none.
+
+    In order of preference:
+
+    1. the last closed ``<answer>...</answer>`` block: the last ``\\boxed{}`` inside it, else the
+       block's stripped text (None when the block is empty);
+    2. the last ``\\boxed{...}`` / ``\\fbox{...}`` anywhere (nested braces balanced; the
+       backspace-mangled ``\\x08oxed{...}`` of the reference prompts included);
+    3. GSM8K style: the rest of the line after the last ``####``.
+    """
+    blocks = _ANSWER_BLOCK.findall(text)
+    if blocks:
+        block = blocks[-1]
+        return _last_boxed(block) or block.strip() or None
+    boxed = _last_boxed(text)
+    if boxed:
+        return boxed
+    gsm8k = _GSM8K_ANSWER.findall(text)
+    if gsm8k and gsm8k[-1].strip():
+        return gsm8k[-1].strip()
+    return None
+
+
+def extract_gsm8k_reference(answer: str) -> str:
+    """The gold number of a GSM8K solution ``"... #### 1,450,000"`` -> ``"1450000"``.
+
+    Thousands separators are removed. Raises ``ValueError`` when there is no ``####`` line.
+    """
+    found = _GSM8K_ANSWER.findall(answer)
+    if not found or not found[-1].strip():
+        raise ValueError(f"no '#### <answer>' line in GSM8K solution: {answer[-80:]!r}")
+    return _strip_thousands(found[-1].strip())
+
+
+# --- QA scoring -------------------------------------------------------------------------------
+def normalize_answer(text: str) -> str:
+    """SQuAD answer normalisation: lower case, drop punctuation, drop the articles a/an/the,
+    collapse whitespace.
+
+    One addition: LaTeX text wrappers (``\\text{Paris}``, ``\\mathrm{...}``) are unwrapped first,
+    because the prompt asks for the answer inside ``\\boxed{}`` "with latex format".
+    """
+    while (unwrapped := _LATEX_TEXT.sub(r"\1", text)) != text:
+        text = unwrapped
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def _as_list(references: GroundTruth) -> list[str]:
+    return [references] if isinstance(references, str) else [str(r) for r in references]
+
+
+def exact_match(prediction: str | None, references: GroundTruth) -> float:
+    """EM = max over references y of 1[normalize(prediction) == normalize(y)]."""
+    if prediction is None:
+        return 0.0
+    predicted = normalize_answer(prediction)
+    return max((float(predicted == normalize_answer(r)) for r in _as_list(references)), default=0.0)
+
+
+def _token_f1(prediction_tokens: list[str], reference_tokens: list[str]) -> float:
+    if not prediction_tokens or not reference_tokens:
+        return float(prediction_tokens == reference_tokens)
+    shared = collections.Counter(prediction_tokens) & collections.Counter(reference_tokens)
+    common = sum(shared.values())
+    if common == 0:
+        return 0.0
+    precision = common / len(prediction_tokens)
+    recall = common / len(reference_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def token_f1(prediction: str | None, references: GroundTruth) -> float:
+    """SQuAD token F1, max over references.
+
+    With c = number of normalised tokens shared by prediction p and reference y (multiset
+    intersection): precision = c / |p|, recall = c / |y|, F1 = 2 * precision * recall /
+    (precision + recall), and F1 = 0 when c = 0. An empty side scores 1 only if both are empty.
+    """
+    if prediction is None:
+        return 0.0
+    predicted = normalize_answer(prediction).split()
+    scores = (_token_f1(predicted, normalize_answer(r).split()) for r in _as_list(references))
+    return max(scores, default=0.0)
+
+
+# --- math scoring -----------------------------------------------------------------------------
+def _compact_math(text: str) -> str:
+    """Whitespace and enclosing ``$`` removed, ``\\dfrac``/``\\tfrac`` read as ``\\frac``."""
+    text = "".join(text.split()).strip("$")
+    return text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+
+
+def math_equal(
+    prediction: str | None,
+    reference: str,
+    *,
+    timeout_seconds: int = 5,
+    max_chars: int = 1000,
+) -> bool:
+    """Whether two final math answers are equal: ``3\\sqrt{3} - 6`` == ``-6 + 3\\sqrt{3}``.
+
+    1. Fast path: identical after ``_compact_math``, or both plain decimal numbers (thousands
+       separators allowed) with equal value (``12`` == ``12.0``, exact decimal comparison).
+    2. Otherwise ``math_verify``: each side is parsed as ``\\boxed{side}`` and compared
+       symbolically (with its own numeric rounding to 6 decimals).
+
+    Never raises. Inputs longer than ``max_chars`` skip the symbolic step (parsing huge strings
+    can hang). ``math_verify`` times out with ``SIGALRM``, which only works in the main thread;
+    elsewhere it runs without a timeout and relies on ``max_chars``.
+    """
+    if prediction is None:
+        return False
+    predicted, gold = _compact_math(prediction), _compact_math(reference)
+    if not predicted or not gold:
+        return False
+    if predicted == gold:
+        return True
+    predicted_number, gold_number = _strip_thousands(predicted), _strip_thousands(gold)
+    if _PLAIN_NUMBER.fullmatch(predicted_number) and _PLAIN_NUMBER.fullmatch(gold_number):
+        return Decimal(predicted_number) == Decimal(gold_number)
+    if len(prediction) > max_chars or len(reference) > max_chars:
+        return False
+    timeout = timeout_seconds if threading.current_thread() is threading.main_thread() else None
+    try:
+        gold_parsed = parse(f"\\boxed{{{reference}}}", parsing_timeout=timeout)
+        predicted_parsed = parse(f"\\boxed{{{prediction}}}", parsing_timeout=timeout)
+        if not gold_parsed or not predicted_parsed:
+            return False
+        return bool(verify(gold_parsed, predicted_parsed, timeout_seconds=timeout))
+    except (Exception, TimeoutException):
+        return False
+
+
+def score_answer(prediction: str | None, ground_truth: GroundTruth, metric: Metric) -> float:
+    """Correctness S in [0, 1] of an extracted answer: ``"em"`` (exact match), ``"f1"`` (token
+    F1) or ``"math"`` (1.0 if ``math_equal`` to any ground truth, else 0.0)."""
+    if metric == "em":
+        return exact_match(prediction, ground_truth)
+    if metric == "f1":
+        return token_f1(prediction, ground_truth)
+    if metric == "math":
+        return float(any(math_equal(prediction, g) for g in _as_list(ground_truth)))
+    raise ValueError(f"unknown metric {metric!r}; expected 'em', 'f1' or 'math'")
+
+
+# --- format check -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FormatCheck:
+    """Result of ``validate_format``: ``ok``, and ``reason`` (``"ok"`` or what is wrong, with the
+    character offset)."""
+
+    ok: bool
+    reason: str
+
+
+def validate_format(response: str, tool_tags: Sequence[str] = DEFAULT_TOOL_TAGS) -> FormatCheck:
+    """Check the tag structure of a whole TIR response (tool results included).
+
+    Rules, checked in one left-to-right scan over the tags ``<think>``, ``<answer>``,
+    ``<result>`` and ``<t>`` for t in ``tool_tags``:
+
+    - blocks do not nest: every opened tag is closed by its own closing tag before another tag
+      opens, and no closing tag appears without its opening tag;
+    - the bodies of tool calls and of ``<result>`` are opaque (code and web pages may contain
+      tag-like text); ``<think>`` and ``<answer>`` bodies may not contain any of the tags;
+    - every tool call ``<t>...</t>`` is followed, with only whitespace between, by a
+      ``<result>...</result>``, and a ``<result>`` appears only right after a tool call;
+    - there is exactly one ``<answer>...</answer>`` block and nothing but whitespace after it.
+
+    Free text between blocks is allowed. The response must not contain chat-template special
+    tokens (decode with ``skip_special_tokens=True``).
+    """
+    names = ("think", "answer", "result", *tool_tags)
+    tag = re.compile(r"<(/?)(" + "|".join(map(re.escape, names)) + r")>")
+    position = 0
+    awaiting_result: str | None = None  # the tool whose call just closed
+    while True:
+        match = tag.search(response, position)
+        if awaiting_result is not None:
+            gap_end = match.start() if match else len(response)
+            if match is None or match.group(0) != "<result>" or response[position:gap_end].strip():
+                tool = awaiting_result
+                reason = f"<{tool}> call ending at offset {position} is not followed by <result>"
+                return FormatCheck(False, reason)
+        if match is None:
+            return FormatCheck(False, "no <answer> block")
+        closing, name = match.groups()
+        start = match.start()
+        if closing:
+            return FormatCheck(False, f"</{name}> at offset {start} has no opening <{name}>")
+        if name == "result" and awaiting_result is None:
+            return FormatCheck(False, f"<result> at offset {start} does not follow a tool call")
+        end_tag = f"</{name}>"
+        close = response.find(end_tag, match.end())
+        if close < 0:
+            return FormatCheck(False, f"<{name}> at offset {start} is never closed")
+        if name in ("think", "answer"):
+            inner = tag.search(response, match.end(), close)
+            if inner is not None:
+                found = f"{inner.group(0)} at offset {inner.start()}"
+                reason = f"{found} inside <{name}> at offset {start}"
+                return FormatCheck(False, reason)
+        position = close + len(end_tag)
+        awaiting_result = name if name in tool_tags else None
+        if name == "answer":
+            rest = response[position:]
+            if "<answer>" in rest:
+                return FormatCheck(False, "more than one <answer> block")
+            if rest.strip():
+                return FormatCheck(False, f"text after the final </answer> at offset {position}")
+            return FormatCheck(True, "ok")
+
+
+# --- hierarchical reward ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class RewardBreakdown:
+    """The hierarchical reward of one response and its parts.
+
+    Attributes:
+        reward: R (see the module docstring).
+        format_ok / format_reason: the ``validate_format`` result.
+        correctness: S in [0, 1]. Computed even when the format fails (for accuracy metrics),
+            but then it does not enter ``reward``.
+        bonus: r_M actually added to the reward (0 when the format fails).
+        answer: the extracted answer, None when the response states none.
+    """
+
+    reward: float
+    format_ok: bool
+    format_reason: str
+    correctness: float
+    bonus: float
+    answer: str | None
+
+
+def hierarchical_reward(
+    response: str,
+    ground_truth: GroundTruth,
+    *,
+    task: Task = "qa",
+    tool_calls: Mapping[str, int],
+    format_penalty: float = -1.0,
+    correctness: Literal["auto", "em", "f1", "math"] = "auto",
+    multi_tool_bonus: float = 0.1,
+    multi_tool_set: Sequence[str] = ("search", "python"),
+    tool_tags: Sequence[str] = DEFAULT_TOOL_TAGS,
+) -> RewardBreakdown:
+    """ARPO's hierarchical reward R = format_penalty, or S + r_M (module docstring).
+
+    Args:
+        response: the model's whole response, tool results included.
+        ground_truth: the gold answer, or a list of acceptable answers (S is the max over them).
+        task: ``"qa"`` or ``"math"``; picks the metric when ``correctness="auto"``.
+        tool_calls: number of calls of each tool on this trajectory, e.g. ``{"search": 2}``.
+        format_penalty: R when ``validate_format`` fails (reference: -1).
+        correctness: metric for S. ``"auto"`` follows the reference: token F1 for QA,
+            ``math_equal`` (1/0) for math.
+        multi_tool_bonus: r_M, added when S > 0 and every tool in ``multi_tool_set`` was used.
+        multi_tool_set: the tools that must all appear for r_M; empty disables the bonus.
+        tool_tags: the tool tags the format check knows.
+    """
+    if task not in ("qa", "math"):
+        raise ValueError(f"unknown task {task!r}; expected 'qa' or 'math'")
+    metric: Metric = ("math" if task == "math" else "f1") if correctness == "auto" else correctness
+    check = validate_format(response, tool_tags)
+    answer = extract_answer(response)
+    score = score_answer(answer, ground_truth, metric)
+    if not check.ok:
+        return RewardBreakdown(format_penalty, False, check.reason, score, 0.0, answer)
+    used_all_tools = bool(multi_tool_set) and all(tool_calls.get(t, 0) >= 1 for t in multi_tool_set)
+    bonus = multi_tool_bonus if score > 0 and used_all_tools else 0.0
+    return RewardBreakdown(score + bonus, True, check.reason, score, bonus, answer)

@@ -1,0 +1,158 @@
+"""Prompt datasets: verl RL parquet files, JSONL benchmarks and the embedded TIR task.
+
+Every source becomes a list of ``PromptExample``; ``PromptStream`` hands out seeded, shuffled
+batches of one EnvRunner's shard, epoch after epoch. The dataset is chosen by a dict in the
+config (``ARPOConfig.dataset``):
+
+- ``{"type": "tir_task", "seed": 0, "split": "train"}``: the embedded task (``data.tir_task``);
+- ``{"type": "parquet", "path": ".../train_10k.parquet"}``: verl's RL format (``prompt`` chat
+  messages, ``ability``, ``reward_model.ground_truth``), read as it is: the system prompt is kept
+  byte for byte, including the reference data's mangled ``\\boxed``;
+- ``{"type": "jsonl", "path": ".../gsm8k.jsonl", "task": "math"}``: ``question`` / ``answer``
+  lines (GSM8K's ``#### N`` answers are reduced to N), asked with ``system_prompt``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from rllib_arpo.core.rewards import extract_gsm8k_reference
+
+TIR_SYSTEM_PROMPT = (
+    "Answer the question step by step. Think inside <think> </think>. To look facts up, write a "
+    "query inside <search> </search>; to compute, write Python code inside <python> </python>. "
+    "Each tool's output comes back inside <result> </result>. Give the final answer as "
+    "<answer> \\boxed{...} </answer>."
+)
+
+
+@dataclass(frozen=True)
+class PromptExample:
+    """One prompt: plain text (used as is) or chat messages (rendered with the chat template)."""
+
+    prompt: str | tuple[Mapping[str, str], ...]
+    ground_truth: str | tuple[str, ...]
+    task: str  # "qa" or "math": picks the correctness score of the hierarchical reward
+    source: str
+
+
+def load_dataset(spec: Mapping[str, Any]) -> list[PromptExample]:
+    spec = dict(spec)
+    kind = spec.pop("type", None)
+    if kind not in LOADERS:
+        raise ValueError(f"dataset type {kind!r} is not one of {sorted(LOADERS)}")
+    try:
+        examples = LOADERS[kind](**spec)
+    except TypeError as error:
+        raise ValueError(f"bad options for dataset type {kind!r}: {error}") from None
+    if not examples:
+        raise ValueError(f"dataset {kind!r} with {spec} has no examples")
+    return examples
+
+
+def _load_tir_task(seed: int = 0, split: str = "train", **task_kwargs) -> list[PromptExample]:
+    from rllib_arpo.data.tir_task import TIRTask, format_prompt
+
+    task = TIRTask(seed=seed, **task_kwargs)
+    return [PromptExample(format_prompt(e), e.answer, "math", f"tir_task/{e.kind}") for e in task.split(split)]
+
+
+def _load_parquet(path: str, limit: int | None = None) -> list[PromptExample]:
+    import pandas as pd
+
+    frame = pd.read_parquet(_existing(path))
+    missing = {"prompt", "reward_model"} - set(frame.columns)
+    if missing:
+        raise ValueError(f"{path} is not a verl RL parquet file: missing columns {sorted(missing)}")
+    examples = []
+    for row in frame.head(limit).itertuples() if limit else frame.itertuples():
+        messages = tuple({"role": m["role"], "content": m["content"]} for m in row.prompt)
+        task = "math" if getattr(row, "ability", "qa") == "math" else "qa"
+        source = getattr(row, "data_source", Path(path).stem)
+        examples.append(PromptExample(messages, str(row.reward_model["ground_truth"]), task, source))
+    return examples
+
+
+def _load_jsonl(
+    path: str, task: str = "qa", system_prompt: str = TIR_SYSTEM_PROMPT, limit: int | None = None
+) -> list[PromptExample]:
+    examples = []
+    with open(_existing(path), encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if "question" not in record or "answer" not in record:
+                raise ValueError(f"{path}:{number}: a line needs 'question' and 'answer'")
+            answer = record["answer"]
+            if isinstance(answer, str) and "####" in answer:
+                answer = extract_gsm8k_reference(answer)
+            truth = tuple(str(a) for a in answer) if isinstance(answer, list) else str(answer)
+            messages = ({"role": "system", "content": system_prompt}, {"role": "user", "content": record["question"]})
+            examples.append(PromptExample(messages, truth, task, Path(path).stem))
+            if limit and len(examples) >= limit:
+                break
+    return examples
+
+
+def _existing(path: str) -> Path:
+    resolved = Path(path).expanduser()
+    if not resolved.is_file():
+        raise FileNotFoundError(f"dataset file {resolved} does not exist")
+    return resolved
+
+
+LOADERS = {"tir_task": _load_tir_task, "parquet": _load_parquet, "jsonl": _load_jsonl}
+
+
+def dataset_documents(spec: Mapping[str, Any]) -> list[str] | None:
+    """The retrieval corpus a dataset brings with it (the TIR task's knowledge base), else None."""
+    if spec.get("type") != "tir_task":
+        return None
+    from rllib_arpo.data.tir_task import TIRTask
+
+    options = {k: v for k, v in spec.items() if k not in ("type", "split")}
+    return TIRTask(**options).corpus()
+
+
+def encode_prompt(tokenizer, example: PromptExample) -> list[int]:
+    """Token ids of the prompt: chat messages through the tokenizer's chat template (with the
+    generation prompt), plain text as is, or messages joined by blank lines when the tokenizer
+    has no chat template."""
+    if isinstance(example.prompt, str):
+        return tokenizer.encode(example.prompt, add_special_tokens=False)
+    messages = [dict(m) for m in example.prompt]
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
+    text = "\n\n".join(m["content"] for m in messages) + "\n"
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+class PromptStream:
+    """Seeded, reshuffled-every-epoch batches of the examples of one shard.
+
+    EnvRunner ``index`` of ``count`` takes every ``count``-th example starting at ``index``.
+    """
+
+    def __init__(self, examples: Sequence[PromptExample], *, seed: int, index: int = 0, count: int = 1):
+        self.examples = list(examples)[index::count]
+        if not self.examples:
+            raise ValueError(f"shard {index} of {count} is empty: the dataset has {len(examples)} examples")
+        self._rng = np.random.default_rng(seed + index)
+        self._order: list[int] = []
+        self.epoch = 0
+
+    def next_batch(self, size: int) -> list[PromptExample]:
+        batch = []
+        while len(batch) < size:
+            if not self._order:
+                self._order = list(self._rng.permutation(len(self.examples)))
+                self.epoch += 1
+            batch.append(self.examples[self._order.pop()])
+        return batch

@@ -1,0 +1,114 @@
+"""ARPOTorchLearner: the policy-gradient update of ARPO, AEPO and the GRPO family.
+
+One ``update`` call trains on a batch of padded trajectory rows (``learner.packing.pad_rows``)
+whose advantages were already attributed by the estimator chosen in the config. The policy loss
+comes from ``core.losses`` (``config.policy_loss``). The batch is split into micro-batches of
+``config.micro_batch_size`` rows whose gradients accumulate, so memory is bounded by the
+micro-batch while the loss equals the whole batch's loss: each micro-batch loss is weighted by
+its share of the batch's aggregation denominator (trained tokens for ``token-mean``, sequences
+with trained tokens for the ``seq-mean-*`` modes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from typing import Any
+
+import torch
+from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+
+from rllib_arpo.core.losses import compute_policy_loss
+
+
+class ARPOTorchLearner(TorchLearner):
+    def build(self) -> None:
+        super().build()
+        self._reference_models = {}
+        if self.config.kl_coef > 0:
+            for mid, module in self.module.items():
+                reference = copy.deepcopy(module.unwrapped().model).eval()
+                reference.requires_grad_(False)
+                self._reference_models[mid] = reference
+
+    def configure_optimizers_for_module(self, module_id, config=None) -> None:
+        params = self.get_parameters(self.module[module_id])
+        optimizer = torch.optim.AdamW(params, weight_decay=config.weight_decay)
+        self.register_optimizer(
+            module_id=module_id, optimizer=optimizer, params=params, lr_or_lr_schedule=config.lr
+        )
+
+    def compute_loss_for_module(self, *, module_id, config, batch, fwd_out) -> torch.Tensor:
+        loss, _ = self._policy_loss(module_id, config, batch, fwd_out)
+        return loss
+
+    def _policy_loss(self, module_id, config, batch, fwd_out) -> tuple[torch.Tensor, dict]:
+        ref_logprobs = None
+        if module_id in self._reference_models:
+            from rllib_arpo.learner.rl_module import next_token_logprobs
+
+            with torch.no_grad():
+                logits = self._reference_models[module_id](
+                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+                ).logits
+                ref_logprobs = next_token_logprobs(logits, batch["input_ids"])
+        return compute_policy_loss(
+            config.policy_loss,
+            fwd_out["logprobs"],
+            batch["old_logprobs"],
+            batch["advantages"],
+            batch["loss_mask"],
+            eps_low=config.clip_eps_low,
+            eps_high=config.clip_eps_high,
+            dual_clip=config.dual_clip,
+            agg_mode=config.loss_agg_mode,
+            token_sum_norm=config.token_sum_norm,
+            ref_logprobs=ref_logprobs,
+            kl_coef=config.kl_coef,
+            kl_kind=config.kl_kind,
+        )
+
+    @staticmethod
+    def _denominators(loss_mask: torch.Tensor, agg_mode: str) -> torch.Tensor:
+        """Per-row contribution to the aggregation denominator (see module docstring)."""
+        tokens = (loss_mask > 0).sum(dim=-1)
+        return tokens if agg_mode == "token-mean" else (tokens > 0).long()
+
+    def _uncompiled_update(self, batch: dict, **kwargs):
+        for optim in self._optimizer_parameters:
+            optim.zero_grad(set_to_none=True)
+        loss_per_module = {}
+        for mid, module_batch in batch.items():
+            config = self.config.get_config_for_module(mid)
+            loss_per_module[mid] = self._accumulate_gradients(mid, config, module_batch)
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            list(self._params.values()), config.max_grad_norm
+        )
+        self.metrics.log_value("grad_norm", float(grad_norm), window=1)
+        self.apply_gradients({})
+        return {}, loss_per_module, {}
+
+    def _accumulate_gradients(self, mid, config, module_batch: dict[str, Any]) -> torch.Tensor:
+        module = self.module[mid]
+        rows = module_batch["input_ids"].shape[0]
+        denominators = self._denominators(module_batch["loss_mask"], config.loss_agg_mode)
+        total = denominators.sum().clamp_min(1).float()
+        micro = config.micro_batch_size or rows
+        starts = list(range(0, rows, micro))
+        batch_loss = torch.zeros((), device=self._device)
+        weighted_metrics: dict[str, float] = {}
+        for i, start in enumerate(starts):
+            chunk = {k: v[start : start + micro] for k, v in module_batch.items()}
+            share = denominators[start : start + micro].sum().float() / total
+            # DDP all-reduces gradients on the last micro-batch only
+            sync = module.no_sync() if i < len(starts) - 1 and hasattr(module, "no_sync") else contextlib.nullcontext()
+            with sync:
+                fwd_out = module.forward_train(chunk)
+                loss, metrics = self._policy_loss(mid, config, chunk, fwd_out)
+                (loss * share).backward()
+            batch_loss += loss.detach() * share
+            for key, value in metrics.items():
+                weighted_metrics[key] = weighted_metrics.get(key, 0.0) + value * float(share)
+        for key, value in weighted_metrics.items():
+            self.metrics.log_value((mid, key), value, window=1)
+        return batch_loss

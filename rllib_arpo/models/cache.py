@@ -1,0 +1,27 @@
+"""Where the embedded tiny policy lives: ``model_path: tiny`` resolves to a cache directory
+(``$RLLIB_ARPO_CACHE`` or ``~/.cache/rllib_arpo``), built there on first use."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+TINY_POLICY_NAME = "tiny"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RLLIB_ARPO_CACHE", Path.home() / ".cache" / "rllib_arpo"))
+
+
+def resolve_model_path(model_path: str) -> str:
+    """``"tiny"`` -> the cached tiny policy directory (built if missing); any other value must
+    be an existing ``save_pretrained`` directory."""
+    if model_path == TINY_POLICY_NAME:
+        from rllib_arpo.models.tiny_policy import load_or_build_tiny_policy
+
+        directory = cache_dir() / "tiny_policy"
+        load_or_build_tiny_policy(directory)
+        return str(directory)
+    if not (Path(model_path) / "config.json").is_file():
+        raise ValueError(f"model_path {model_path!r} is not a save_pretrained directory (no config.json)")
+    return model_path

@@ -1,0 +1,190 @@
+"""ARPOEnvRunner: an RLlib EnvRunner whose "environment" is a prompt dataset plus tools.
+
+Each ``sample()`` takes the next ``prompts_per_env_runner`` prompts of this runner's dataset
+shard, runs the tree rollout (engine + tools + branching policy), scores every trajectory with
+the hierarchical reward and returns a ``RolloutBatch``. Metrics go to the runner's
+``MetricsLogger`` and reach Tune's logs under ``env_runners/``.
+
+Weights arrive through ``set_state({"weights": ..., "weights_version": v})`` as torch tensors
+(an ObjectRef to them when the runner is remote), never through RLlib's numpy conversion.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import ray
+from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.env.env_runner import EnvRunner
+
+from rllib_arpo.core.branching import make_branching_policy
+from rllib_arpo.core.rewards import hierarchical_reward
+from rllib_arpo.core.tree import RolloutTree
+from rllib_arpo.data.datasets import PromptStream, dataset_documents, encode_prompt, load_dataset
+from rllib_arpo.learner.rl_module import hf_state_dict, placeholder_spaces
+from rllib_arpo.rollout.tree_rollout import RolloutSettings, TreeRollout
+from rllib_arpo.tools.base import ToolExecutor, build_tools
+
+
+@dataclass
+class RolloutBatch:
+    """What one ``sample()`` returns: one tree per prompt and the reward of each trajectory."""
+
+    trees: list[RolloutTree]
+    rewards: list[np.ndarray]
+    weights_version: int
+    pad_token_id: int
+
+
+def build_engine(config):
+    """The generation engine named by ``config.engine`` (``hf`` or ``vllm``)."""
+    if config.engine == "hf":
+        from rllib_arpo.rollout.hf_engine import HFEngine
+
+        return HFEngine.from_pretrained(config.model_path, **config.engine_options)
+    raise ValueError(f"engine {config.engine!r} is not available; use 'hf'")
+
+
+class ARPOEnvRunner(EnvRunner):
+    def __init__(self, *, config, **kwargs):
+        super().__init__(config=config, **kwargs)
+        cfg = self.config
+        self.engine = build_engine(cfg)
+        self.tokenizer = self.engine.tokenizer
+        self.tools = ToolExecutor(build_tools(_with_dataset_corpus(cfg.tools, cfg.dataset)), max_workers=cfg.tool_workers, timeout_s=cfg.tool_timeout_s)
+        branching_params = dict(alpha=cfg.alpha, beta=cfg.beta, tau=cfg.tau, mode=cfg.branching_mode)
+        if cfg.branching == "aepo":
+            branching_params["penalty"] = cfg.aepo_branch_penalty
+        self.rollout = TreeRollout(
+            self.engine,
+            self.tools,
+            make_branching_policy(cfg.branching, **branching_params),
+            RolloutSettings(
+                total_rollouts=cfg.total_rollouts,
+                initial_rollouts=cfg.initial_rollouts,
+                branch_factor=cfg.branch_factor,
+                entropy_window=cfg.entropy_window,
+                max_tool_calls=cfg.max_tool_calls,
+                max_response_tokens=cfg.max_response_tokens,
+                max_tool_result_tokens=cfg.max_tool_result_tokens,
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                aepo_pre_monitoring=cfg.aepo_pre_monitoring,
+                aepo_sensitivity=cfg.aepo_sensitivity,
+            ),
+        )
+        shard = max((self.worker_index or 0) - 1, 0)
+        self.prompts = PromptStream(
+            load_dataset(cfg.dataset), seed=cfg.seed or 0, index=shard, count=max(self.num_workers, 1)
+        )
+        self._seed = (cfg.seed or 0) * 1000 + (self.worker_index or 0)
+        self._num_samples = 0
+
+    # --- RLlib EnvRunner API --------------------------------------------------------------
+    def sample(self, **kwargs) -> RolloutBatch:
+        cfg = self.config
+        start = time.perf_counter()
+        examples = self.prompts.next_batch(cfg.prompts_per_env_runner)
+        prompts = [encode_prompt(self.tokenizer, e) for e in examples]
+        self._num_samples += 1
+        trees, stats = self.rollout.run(prompts, seed=self._seed * 100_003 + self._num_samples)
+        scores = [self._score(tree, example) for tree, example in zip(trees, examples)]
+        rewards = [np.array([s.reward for s in tree_scores]) for tree_scores in scores]
+        self._log_rollout_metrics(trees, scores, stats, time.perf_counter() - start)
+        return RolloutBatch(trees, rewards, self.engine.weights_version, self.tokenizer.pad_token_id)
+
+    def _score(self, tree: RolloutTree, example) -> list:
+        """The hierarchical reward breakdown of every trajectory of ``tree``."""
+        cfg = self.config
+        return [
+            hierarchical_reward(
+                self.tokenizer.decode(tree.trajectory_response_ids(i), skip_special_tokens=True),
+                example.ground_truth,
+                task=example.task,
+                tool_calls=tree.tool_calls(i),
+                format_penalty=cfg.format_penalty,
+                correctness=cfg.correctness,
+                multi_tool_bonus=cfg.multi_tool_bonus,
+                multi_tool_set=tuple(cfg.multi_tool_set),
+                tool_tags=tuple(self.tools.tools),
+            )
+            for i in range(tree.num_trajectories)
+        ]
+
+    def _log_rollout_metrics(self, trees, scores, stats, seconds: float) -> None:
+        """One value per metric and ``sample()`` call (window 1: the latest iteration)."""
+        flat = [score for tree_scores in scores for score in tree_scores]
+        rewards = np.array([score.reward for score in flat])
+        tool_calls = Counter()
+        for tree in trees:
+            for i in range(tree.num_trajectories):
+                tool_calls.update(tree.tool_calls(i))
+        trajectories = len(flat)
+        generated = sum(t.num_generated_tokens() for t in trees)
+        values = {
+            "reward_mean": rewards.mean(),
+            "reward_max": rewards.max(),
+            "accuracy": np.mean([score.correctness >= 1.0 for score in flat]),
+            "format_error_rate": np.mean([not score.format_ok for score in flat]),
+            "branches": stats.branches,
+            "entropy_change_after_tool": np.mean(stats.delta_entropies) if stats.delta_entropies else 0.0,
+            "trajectories": trajectories,
+            "trajectories_per_s": trajectories / seconds,
+            "generated_tokens": generated,
+            "generated_tokens_per_s": generated / seconds,
+            "rollout_s": seconds,
+            "generation_s": stats.generation_s,
+            "tool_s": stats.tool_s,
+            "weights_version": self.engine.weights_version,
+        }
+        values.update({f"tool_calls_per_trajectory/{n}": tool_calls[n] / trajectories for n in self.tools.tools})
+        values.update({f"finish_reason/{r}": c / trajectories for r, c in stats.finish_reasons.items()})
+        values.update(self.tools.pop_metrics())
+        for key, value in values.items():
+            self.metrics.log_value(key, float(value), window=1)
+
+    def get_metrics(self) -> dict:
+        return self.metrics.reduce()
+
+    def get_spaces(self):
+        spaces = placeholder_spaces(len(self.tokenizer))
+        return {"__env__": spaces, DEFAULT_MODULE_ID: spaces}
+
+    def assert_healthy(self):
+        assert self.engine is not None and self.prompts is not None, "ARPOEnvRunner is not set up"
+
+    def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
+        return {"weights_version": self.engine.weights_version}
+
+    def set_state(self, state: dict) -> None:
+        """Load ``{"weights": state_dict | ObjectRef, "weights_version": v}``; RLlib's initial
+        sync (the learner's module state under ``rl_module``) is accepted too."""
+        if "weights" in state:
+            weights = state["weights"]
+            if isinstance(weights, ray.ObjectRef):
+                weights = ray.get(weights)
+            self.engine.update_weights(weights, state["weights_version"])
+        elif COMPONENT_RL_MODULE in state:
+            module_state = state[COMPONENT_RL_MODULE]
+            if isinstance(module_state, ray.ObjectRef):
+                module_state = ray.get(module_state)
+            self.engine.update_weights(hf_state_dict(module_state[DEFAULT_MODULE_ID]), 0)
+
+    def stop(self) -> None:
+        self.tools.close()
+
+
+
+def _with_dataset_corpus(tools: dict, dataset: dict) -> dict:
+    """A search tool given no corpus searches the dataset's own documents (the TIR task's
+    knowledge base)."""
+    search = tools.get("search")
+    if search is None or {"corpus_path", "documents"} & set(search) or search.get("backend") == "cache":
+        return tools
+    documents = dataset_documents(dataset)
+    if documents is None:
+        raise ValueError("the search tool needs 'corpus_path' (or 'documents'): this dataset brings no corpus")
+    return {**tools, "search": {**search, "documents": documents}}

@@ -1,0 +1,334 @@
+"""HFEngine: the transformers generation engine (the embedded default, CPU or GPU).
+
+It samples with its own decoding loop over a KV cache (not ``model.generate``) because the tree
+rollout needs, for every generated token y_t with logits z_t:
+
+    logprob_t = log softmax(z_t)[y_t]                       (temperature-1 logits: pi_old)
+    entropy_t = H(softmax(z_t)) / log|V|,  H = -sum_j p_j log p_j   (exact, full vocabulary)
+
+Prefix reuse. In an ARPO tree the prefixes of one call share long token spans: the prompt is
+repeated for all trajectories of a question, and branches forked at a tool call share everything
+before it. The engine builds a radix tree (compressed trie) of the call's prefixes and prefills
+it level by level, so every shared span is encoded once and its KV cache is copied to the rows
+that continue it:
+
+    level 0: the distinct first spans           (e.g. the prompt, once)
+    level d: the spans after each level d-1 fork, with the parent's cache rows selected
+
+The cache of one row is laid out block by block, each block left-padded:
+
+    [pad pad | prompt ...] [pad | branch span ...] [generated tokens ...]
+
+Pads are masked out of attention and every real token gets its true position id, so each row
+computes exactly what a separate forward pass of its own sequence would (up to float rounding).
+``engine.stats`` counts prefill tokens requested and actually computed, so a benchmark can report
+the saving. KV caches are not kept between calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
+
+from rllib_arpo.core.entropy import entropy_from_logits, normalize_entropy
+from rllib_arpo.rollout.engine import Generation, SamplingParams
+
+
+@dataclass
+class EngineStats:
+    """Running token counts of an engine, over all ``generate`` calls.
+
+    Attributes:
+        prefill_tokens_requested: total length of all prefixes passed in (duplicates included).
+        prefill_tokens_computed: prefix tokens actually run through the model (shared spans once;
+            pads not counted).
+        generated_tokens: tokens sampled.
+        calls: ``generate`` calls.
+    """
+
+    prefill_tokens_requested: int = 0
+    prefill_tokens_computed: int = 0
+    generated_tokens: int = 0
+    calls: int = 0
+
+
+@dataclass(eq=False)
+class _PrefixNode:
+    """A span of a radix tree of token prefixes: its path from the root is a shared prefix."""
+
+    tokens: list[int]
+    parent: _PrefixNode | None
+    children: dict[int, _PrefixNode] = field(default_factory=dict)  # keyed by first token
+    is_prefix_end: bool = False  # some prefix of the call ends exactly here
+
+    @property
+    def start(self) -> int:
+        """Position id of the span's first token (length of the path above it)."""
+        node, length = self.parent, 0
+        while node is not None:
+            length += len(node.tokens)
+            node = node.parent
+        return length
+
+
+def _common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    mismatch = (torch.as_tensor(a[:n]) != torch.as_tensor(b[:n])).nonzero()
+    return int(mismatch[0]) if len(mismatch) else n
+
+
+def _insert(root: _PrefixNode, prefix: Sequence[int]) -> _PrefixNode:
+    """Add ``prefix`` to the radix tree under ``root``; return the node where it ends."""
+    node, i = root, 0
+    while i < len(prefix):
+        child = node.children.get(prefix[i])
+        if child is None:
+            leaf = _PrefixNode(list(prefix[i:]), parent=node)
+            node.children[prefix[i]] = leaf
+            return leaf
+        shared = _common_prefix_length(child.tokens, prefix[i:])
+        if shared < len(child.tokens):  # split child into child.tokens[:shared] -> rest
+            head = _PrefixNode(child.tokens[:shared], parent=node)
+            node.children[prefix[i]] = head
+            child.tokens, child.parent = child.tokens[shared:], head
+            head.children[child.tokens[0]] = child
+            child = head
+        node, i = child, i + shared
+    return node
+
+
+class HFEngine:
+    """Batched sampling from a transformers causal LM with exact logprobs and entropies.
+
+    Args:
+        model: a causal LM (e.g. ``Qwen2ForCausalLM``); put in eval mode on ``device``.
+        tokenizer: its tokenizer (used to decode for stop strings and for the EOS id).
+        device: where the model runs.
+        max_batch_size: most sequences decoded in one forward pass; larger calls are split.
+        dtype: cast the model to this dtype (``None`` keeps the model's dtype).
+        reuse_prefixes: encode shared prefix spans once (the default); ``False`` prefills every
+            prefix in full, which is only useful to measure the saving.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer,
+        *,
+        device: str | torch.device = "cpu",
+        max_batch_size: int = 64,
+        dtype: torch.dtype | None = None,
+        reuse_prefixes: bool = True,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
+        self.device = torch.device(device)
+        self.model = model.to(device=self.device, dtype=dtype).eval()
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.reuse_prefixes = reuse_prefixes
+        self.weights_version = 0
+        self.stats = EngineStats()
+        self.eos_token_ids = self._eos_token_ids(model, tokenizer)
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_token_id = pad_id if pad_id is not None else 0
+
+    @classmethod
+    def from_pretrained(cls, path: str, *, dtype: torch.dtype | None = None, **kwargs) -> HFEngine:
+        """Load model and tokenizer from a local directory or hub name; ``kwargs`` go to ``__init__``."""
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype if dtype is not None else "auto")
+        return cls(model, AutoTokenizer.from_pretrained(path), **kwargs)
+
+    @staticmethod
+    def _eos_token_ids(model: PreTrainedModel, tokenizer) -> frozenset[int]:
+        """The tokenizer's EOS plus the generation config's (chat models often list several)."""
+        ids = {tokenizer.eos_token_id}
+        config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        ids.update(config_eos if isinstance(config_eos, list) else [config_eos])
+        return frozenset(i for i in ids if i is not None)
+
+    def update_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """Copy new weights into the model in place (strict key match) and record their version.
+
+        ``load_state_dict`` copies each tensor into the existing parameter, which casts it to the
+        model's dtype and device.
+        """
+        self.model.load_state_dict(state, strict=True)
+        self.weights_version = version
+
+    @torch.inference_mode()
+    def generate(self, prefixes: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        """Continue every prefix until EOS, a stop string or ``params.max_new_tokens``.
+
+        Prefixes are sorted so that ones sharing spans land in the same chunk of
+        ``max_batch_size`` rows. Identical prefixes are prefilled once but sampled independently.
+        The EOS token and the tokens of a stop string are kept in ``token_ids``.
+        """
+        if params.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {params.max_new_tokens}")
+        if any(len(prefix) == 0 for prefix in prefixes):
+            raise ValueError("every prefix needs at least one token")
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        order = sorted(range(len(prefixes)), key=lambda i: list(prefixes[i]))
+        results: list[Generation | None] = [None] * len(prefixes)
+        for begin in range(0, len(order), self.max_batch_size):
+            chunk = order[begin : begin + self.max_batch_size]
+            for i, generation in zip(chunk, self._generate_chunk([prefixes[i] for i in chunk], params, generator)):
+                results[i] = generation
+        self.stats.calls += 1
+        self.stats.prefill_tokens_requested += sum(len(prefix) for prefix in prefixes)
+        self.stats.generated_tokens += sum(len(g.token_ids) for g in results)
+        return results
+
+    # --- prefill -------------------------------------------------------------------------------
+
+    def _prefill(
+        self, prefixes: list[Sequence[int]]
+    ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Encode the prefixes, sharing common spans; one output row per prefix.
+
+        Returns the KV cache, the attention mask over its columns ``[B, C]``, the position id of
+        each row's next token ``[B]``, and the logits of each row's next token ``[B, V]``.
+        """
+        root = _PrefixNode([], parent=None)
+        if self.reuse_prefixes:
+            ends = [_insert(root, prefix) for prefix in prefixes]
+        else:  # every prefix is its own span
+            ends = [_PrefixNode(list(prefix), parent=root) for prefix in prefixes]
+        for node in ends:
+            node.is_prefix_end = True
+
+        cache = DynamicCache(config=self.model.config)
+        mask = torch.zeros(1, 0, dtype=torch.long, device=self.device)
+        rows: list[_PrefixNode] = [root]  # rows[r]: the node whose path cache row r holds
+        logits_of: dict[_PrefixNode, torch.Tensor] = {}
+        level = list(root.children.values()) if self.reuse_prefixes else ends
+        while level:
+            # Rows of the next cache: prefix ends reached earlier ride along with an empty span,
+            # then the new spans, each after a copy of its parent's row.
+            carried = [node for node in rows if node.is_prefix_end]
+            parent_rows = [rows.index(node) for node in carried] + [rows.index(node.parent) for node in level]
+            spans = [[]] * len(carried) + [node.tokens for node in level]
+            starts = [0] * len(carried) + [node.start for node in level]
+            width = max(len(span) for span in spans)
+
+            parent_index = torch.tensor(parent_rows, device=self.device)
+            cache.batch_select_indices(parent_index)
+            input_ids = torch.full((len(spans), width), self.pad_token_id, dtype=torch.long)
+            span_mask = torch.zeros(len(spans), width, dtype=torch.long)
+            position_ids = torch.zeros(len(spans), width, dtype=torch.long)
+            for r, (span, start) in enumerate(zip(spans, starts)):
+                if span:  # left-pad: the span's last token sits in the last column
+                    input_ids[r, width - len(span) :] = torch.tensor(span)
+                    span_mask[r, width - len(span) :] = 1
+                    position_ids[r, width - len(span) :] = torch.arange(start, start + len(span))
+            mask = torch.cat([mask[parent_index], span_mask.to(self.device)], dim=1)
+            logits = self._forward(input_ids.to(self.device), mask, position_ids.to(self.device), cache)
+            for r, node in enumerate(level, start=len(carried)):
+                if node.is_prefix_end:
+                    logits_of[node] = logits[r]
+            self.stats.prefill_tokens_computed += sum(len(node.tokens) for node in level)
+            rows = carried + level
+            level = [child for node in level for child in node.children.values()]
+
+        # Every row is now a prefix end; expand to one row per prefix (duplicates included).
+        end_rows = torch.tensor([rows.index(node) for node in ends], device=self.device)
+        cache.batch_select_indices(end_rows)
+        next_positions = torch.tensor([len(prefix) for prefix in prefixes], device=self.device)
+        next_logits = torch.stack([logits_of[node] for node in ends])
+        return cache, mask[end_rows], next_positions, next_logits
+
+    def _forward(
+        self, input_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor, cache: DynamicCache
+    ) -> torch.Tensor:
+        """One cached forward pass; returns the float32 logits after the last column ``[B, V]``."""
+        output = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return output.logits[:, -1].float()
+
+    # --- decoding ------------------------------------------------------------------------------
+
+    def _generate_chunk(
+        self, prefixes: list[Sequence[int]], params: SamplingParams, generator: torch.Generator | None
+    ) -> list[Generation]:
+        cache, mask, positions, logits = self._prefill(prefixes)
+        tokens: list[list[int]] = [[] for _ in prefixes]
+        logprobs: list[list[float]] = [[] for _ in prefixes]
+        entropies: list[list[float]] = [[] for _ in prefixes]
+        finished: list[Generation | None] = [None] * len(prefixes)
+        active = list(range(len(prefixes)))  # the sequence each cache row belongs to
+        stop_window = 2 * max((len(s) for s in params.stop_strings), default=0) + 4
+        for step in range(params.max_new_tokens):
+            sampled = self._sample(logits, params, generator)
+            log_probs = torch.log_softmax(logits, dim=-1)
+            sampled_logprobs = log_probs.gather(1, sampled[:, None]).squeeze(1)
+            sampled_entropies = normalize_entropy(entropy_from_logits(logits), logits.shape[-1])
+            keep = []
+            for row, (seq, token, logprob, entropy) in enumerate(
+                zip(active, sampled.tolist(), sampled_logprobs.tolist(), sampled_entropies.tolist())
+            ):
+                tokens[seq].append(token)
+                logprobs[seq].append(logprob)
+                entropies[seq].append(entropy)
+                stop_string = self._matched_stop_string(tokens[seq][-stop_window:], params.stop_strings)
+                if token in self.eos_token_ids:
+                    finished[seq] = Generation(tokens[seq], logprobs[seq], entropies[seq], "eos")
+                elif stop_string is not None:
+                    finished[seq] = Generation(tokens[seq], logprobs[seq], entropies[seq], "stop", stop_string)
+                elif step == params.max_new_tokens - 1:
+                    finished[seq] = Generation(tokens[seq], logprobs[seq], entropies[seq], "length")
+                else:
+                    keep.append(row)
+            if not keep:
+                break
+            if len(keep) < len(active):  # drop finished rows from the batch
+                keep_index = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(keep_index)
+                mask, positions, sampled = mask[keep_index], positions[keep_index], sampled[keep_index]
+                active = [active[row] for row in keep]
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            logits = self._forward(sampled[:, None], mask, positions[:, None], cache)
+            positions = positions + 1
+        return finished
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
+        """Greedy when temperature is 0, else sample softmax(z / T) restricted to the top-p nucleus.
+
+        The nucleus is the smallest set of most likely tokens whose mass reaches ``top_p`` (the
+        most likely token is always in it).
+        """
+        if params.temperature == 0:
+            return logits.argmax(dim=-1)
+        probs = torch.softmax(logits / params.temperature, dim=-1)
+        if params.top_p < 1.0:
+            sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True)
+            mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+            sorted_probs = sorted_probs.masked_fill(mass_before >= params.top_p, 0.0)
+            probs = torch.zeros_like(probs).scatter(1, sorted_ids, sorted_probs)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+    def _matched_stop_string(self, recent_tokens: list[int], stop_strings: Sequence[str]) -> str | None:
+        """The first stop string found in the text of the most recent generated tokens, if any.
+
+        Called after every token, so a match is always one the newest token completed. A match
+        counts even when the newest token carries characters past the stop string (e.g. a
+        ``">\\n"`` token closing ``</search>``); that token is kept whole. Only the last few
+        generated tokens are decoded (2 * the longest stop string's length in characters + 4,
+        enough even where single characters take two tokens).
+        """
+        if not stop_strings:
+            return None
+        text = self.tokenizer.decode(recent_tokens)
+        return next((s for s in stop_strings if s in text), None)

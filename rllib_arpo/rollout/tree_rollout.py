@@ -1,0 +1,241 @@
+"""The ARPO tree rollout: generate, call tools, measure entropy, branch, until M trajectories.
+
+For a batch of prompts, every round:
+
+1. every active path is continued by the engine until a tool's closing tag, EOS or the length
+   budget (all paths of all prompts in one ``generate`` call, so shared prefixes are batched);
+2. the new tokens become a MODEL segment of the prompt's tree. A path's first segment sets its
+   H_initial (window-mean normalised entropy of its first k tokens, fresh every training step).
+   A segment that follows a tool result gives H_t, and dH_t = H_t - H_initial drives the
+   branching policy: a fork adds Z - 1 children that resample from the end of that tool result;
+3. paths that closed a tool tag have their calls run in parallel; each result is appended as a
+   TOOL segment ``" <result>...</result>"`` (loss-masked);
+4. a prompt whose paths have all ended is topped up with fresh trajectories until it has M.
+
+AEPO's entropy pre-monitoring (``aepo_pre_monitoring``) first samples one probe trajectory per
+prompt; its root entropy and mean post-tool entropy set the number m of global samples
+(``aepo_global_samples``), the remaining M - m go to branching.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rllib_arpo.core.branching import BranchBudget, BranchingPolicy, aepo_global_samples
+from rllib_arpo.core.entropy import window_mean_entropy
+from rllib_arpo.core.tree import RolloutTree, SegmentKind
+from rllib_arpo.rollout.engine import GenerationEngine, SamplingParams
+from rllib_arpo.tools.base import ToolCall, ToolExecutor, find_tool_call
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """Budget and sampling knobs of the tree rollout (see ``ARPOConfig`` for their meaning)."""
+
+    total_rollouts: int = 16  # M
+    initial_rollouts: int = 8  # N
+    branch_factor: int = 2  # Z
+    entropy_window: int = 20  # k
+    max_tool_calls: int = 3
+    max_response_tokens: int = 512
+    max_tool_result_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    aepo_pre_monitoring: bool = False
+    aepo_sensitivity: float = 1.0
+
+
+@dataclass
+class _Path:
+    """A trajectory being generated: where it continues from and its branching state."""
+
+    tree: int
+    node: int | None = None
+    h_initial: float | None = None
+    after_tool: bool = False
+    tool_calls: int = 0
+    consecutive_branches: int = 0
+    may_branch: bool = True
+    tool_entropies: list[float] = field(default_factory=list)
+
+
+@dataclass
+class RolloutStats:
+    generation_s: float = 0.0
+    tool_s: float = 0.0
+    rounds: int = 0
+    branches: int = 0
+    delta_entropies: list[float] = field(default_factory=list)
+    finish_reasons: Counter = field(default_factory=Counter)
+
+
+class TreeRollout:
+    def __init__(
+        self,
+        engine: GenerationEngine,
+        tools: ToolExecutor,
+        branching: BranchingPolicy,
+        settings: RolloutSettings,
+    ):
+        self.engine = engine
+        self.tools = tools
+        self.branching = branching
+        self.settings = settings
+        self.tool_names = tuple(tools.tools)
+        self.stop_strings = tuple(f"</{name}>" for name in self.tool_names)
+
+    def run(self, prompts: list[list[int]], seed: int) -> tuple[list[RolloutTree], RolloutStats]:
+        s = self.settings
+        rng = np.random.default_rng(seed)
+        trees = [RolloutTree(prompt_ids=list(p)) for p in prompts]
+        stats = RolloutStats()
+        if s.aepo_pre_monitoring:
+            budgets: list[BranchBudget | None] = [None] * len(trees)
+            active = [_Path(tree=i) for i in range(len(trees))]
+        else:
+            budgets = [BranchBudget(s.total_rollouts, s.initial_rollouts, s.branch_factor) for _ in trees]
+            active = [_Path(tree=i) for i in range(len(trees)) for _ in range(s.initial_rollouts)]
+        probes: dict[int, _Path] = {}
+
+        while active:
+            stats.rounds += 1
+            next_active, pending = self._generate_round(trees, budgets, active, rng, seed, stats)
+            next_active += self._run_tools(trees, pending, stats)
+            # prompts whose paths all ended: finish AEPO's probe, or top up to M
+            running = {p.tree for p in next_active}
+            for i, tree in enumerate(trees):
+                if i in running or tree.num_trajectories >= s.total_rollouts:
+                    continue
+                if budgets[i] is None:
+                    budgets[i] = self._budget_from_probe(tree, probes.get(i))
+                    next_active += [_Path(tree=i) for _ in range(budgets[i].initial - 1)]
+                else:
+                    fill = budgets[i].fill_count(tree.num_trajectories)
+                    next_active += [_Path(tree=i, may_branch=False) for _ in range(fill)]
+            for path in next_active:
+                if budgets[path.tree] is None:
+                    probes[path.tree] = path
+            active = next_active
+        return trees, stats
+
+    # --- one generation round ---------------------------------------------------------------
+    def _generate_round(self, trees, budgets, active, rng, seed, stats):
+        s = self.settings
+        prefixes, limits = [], []
+        for path in active:
+            tree = trees[path.tree]
+            response = tree.response_ids(path.node)
+            prefixes.append(tree.prompt_ids + response)
+            limits.append(s.max_response_tokens - len(response))
+        params = SamplingParams(
+            max_new_tokens=max(limits),
+            temperature=s.temperature,
+            top_p=s.top_p,
+            stop_strings=self.stop_strings,
+            seed=seed * 1_000_003 + stats.rounds,
+        )
+        start = time.perf_counter()
+        generations = self.engine.generate(prefixes, params)
+        stats.generation_s += time.perf_counter() - start
+
+        next_active, pending = [], []
+        for path, generation, limit in zip(active, generations, limits):
+            tree = trees[path.tree]
+            token_ids = generation.token_ids[:limit]
+            n = len(token_ids)
+            segment = tree.add_segment(
+                path.node,
+                token_ids,
+                SegmentKind.MODEL,
+                logprobs=list(generation.logprobs[:n]),
+                entropies=list(generation.entropies[:n]),
+            )
+            window_entropy = window_mean_entropy(generation.entropies[:n], s.entropy_window)
+            if path.h_initial is None:
+                path.h_initial = window_entropy
+            elif path.after_tool:
+                path.tool_entropies.append(window_entropy)
+                next_active += self._maybe_branch(path, window_entropy, budgets[path.tree], rng, stats)
+            path.node, path.after_tool = segment, False
+
+            truncated = n < len(generation.token_ids) or n >= limit
+            if generation.finish_reason == "stop" and not truncated:
+                call = find_tool_call(self.engine.tokenizer.decode(token_ids), self.tool_names)
+                if call is None:
+                    self._finish(tree, path, "bad_tool_call", stats)
+                elif path.tool_calls >= s.max_tool_calls:
+                    self._finish(tree, path, "max_tool_calls", stats)
+                else:
+                    pending.append((path, call))
+            else:
+                self._finish(tree, path, "length" if truncated else generation.finish_reason, stats)
+        return next_active, pending
+
+    def _maybe_branch(self, path, window_entropy, budget, rng, stats) -> list[_Path]:
+        """Fork children from the tool result that precedes the current segment."""
+        delta = window_entropy - path.h_initial
+        stats.delta_entropies.append(delta)
+        if not (path.may_branch and budget is not None and budget.can_branch()):
+            return []
+        if not self.branching.should_branch(delta, path.consecutive_branches, rng):
+            path.consecutive_branches = 0
+            return []
+        path.consecutive_branches += 1
+        granted = budget.record_branch(budget.children_per_branch())
+        stats.branches += granted
+        return [
+            _Path(
+                tree=path.tree,
+                node=path.node,  # still the tool segment: the fork point
+                h_initial=path.h_initial,
+                after_tool=True,
+                tool_calls=path.tool_calls,
+                consecutive_branches=path.consecutive_branches,
+                tool_entropies=list(path.tool_entropies[:-1]),
+            )
+            for _ in range(granted)
+        ]
+
+    def _finish(self, tree: RolloutTree, path: _Path, reason: str, stats: RolloutStats) -> None:
+        tree.finish(path.node, reason)
+        stats.finish_reasons[reason] += 1
+
+    # --- tools ----------------------------------------------------------------------------
+    def _run_tools(self, trees, pending: list[tuple[_Path, ToolCall]], stats) -> list[_Path]:
+        if not pending:
+            return []
+        start = time.perf_counter()
+        results = self.tools.run([call for _, call in pending])
+        stats.tool_s += time.perf_counter() - start
+        tokenizer = self.engine.tokenizer
+        s = self.settings
+        continuing = []
+        for (path, call), result in zip(pending, results):
+            tree = trees[path.tree]
+            text_ids = tokenizer.encode(result.text, add_special_tokens=False)[: s.max_tool_result_tokens]
+            result_ids = (
+                tokenizer.encode(" <result>", add_special_tokens=False)
+                + text_ids
+                + tokenizer.encode("</result>", add_special_tokens=False)
+            )
+            if len(tree.response_ids(path.node)) + len(result_ids) >= s.max_response_tokens:
+                self._finish(tree, path, "length", stats)
+                continue
+            path.node = tree.add_segment(path.node, result_ids, SegmentKind.TOOL, tool_name=call.name)
+            path.tool_calls += 1
+            path.after_tool = True
+            continuing.append(path)
+        return continuing
+
+    # --- AEPO pre-monitoring ---------------------------------------------------------------
+    def _budget_from_probe(self, tree: RolloutTree, probe: _Path | None) -> BranchBudget:
+        s = self.settings
+        root = probe.h_initial if probe and probe.h_initial is not None else 0.0
+        tool = float(np.mean(probe.tool_entropies)) if probe and probe.tool_entropies else root
+        m = aepo_global_samples(s.total_rollouts, root, tool, s.aepo_sensitivity)
+        budget = BranchBudget(s.total_rollouts, m, s.branch_factor)
+        return budget

@@ -1,0 +1,279 @@
+import math
+
+import numpy as np
+import pytest
+
+from rllib_arpo.core.branching import (
+    AEPOBranchingPolicy,
+    ARPOBranchingPolicy,
+    BranchBudget,
+    aepo_global_samples,
+    make_branching_policy,
+)
+
+# ----------------------------------------------------------------------------- ARPO, threshold
+
+
+def test_threshold_defaults_branch_exactly_when_entropy_rises():
+    policy = ARPOBranchingPolicy()  # alpha = 0.5, beta = 0.2, tau = 0.5, threshold
+    assert policy.branch_probability(0.1) == pytest.approx(0.52)  # 0.5 + 0.2 * 0.1
+    assert policy.should_branch(0.1)  # 0.52 > 0.5
+    assert policy.branch_probability(0.0) == 0.5  # 0.5 + 0.2 * 0
+    assert not policy.should_branch(0.0)  # 0.5 is not > 0.5
+    assert not policy.should_branch(-0.1)  # 0.48
+    assert policy.branch_probability(3.0) == pytest.approx(1.1)  # 0.5 + 0.6, not clipped
+
+
+def test_threshold_boundary_with_alpha_below_tau():
+    # binary fractions, so the boundary is exact: P = 0.25 + 0.5 * dH
+    policy = ARPOBranchingPolicy(alpha=0.25, beta=0.5, tau=0.5, mode="threshold")
+    assert policy.branch_probability(0.5) == 0.5  # 0.25 + 0.25
+    assert not policy.should_branch(0.5)  # 0.5 is not > 0.5
+    assert policy.should_branch(0.625)  # 0.25 + 0.3125 = 0.5625 > 0.5
+    assert not policy.should_branch(0.25)  # 0.375: a rise in entropy alone is not enough
+
+
+def test_threshold_is_deterministic_and_ignores_consecutive_branches():
+    policy = ARPOBranchingPolicy()
+    assert policy.should_branch(0.1, consecutive_branches=50, rng=None)
+
+
+# ----------------------------------------------------------------------------- ARPO, stochastic
+
+
+def test_stochastic_probability_clipped_and_alpha_unused():
+    policy = ARPOBranchingPolicy(alpha=0.9, beta=0.2, tau=0.5, mode="stochastic")
+    assert policy.branch_probability(0.1) == pytest.approx(0.52)  # 0.5 + 0.2 * 0.1, alpha unused
+    assert policy.branch_probability(0.0) == 0.5
+    assert policy.branch_probability(3.0) == 1.0  # 0.5 + 0.6 = 1.1 -> 1
+    assert policy.branch_probability(-3.0) == 0.0  # 0.5 - 0.6 = -0.1 -> 0
+
+
+def test_stochastic_frequency_matches_probability():
+    policy = ARPOBranchingPolicy(beta=0.2, tau=0.5, mode="stochastic")
+    rng = np.random.default_rng(0)
+    n, p = 10_000, 0.52  # dH = 0.1 -> 0.5 + 0.2 * 0.1
+    count = sum(policy.should_branch(0.1, rng=rng) for _ in range(n))
+    std = math.sqrt(n * p * (1 - p))  # about 49.96
+    # 5 std = 250 around 5200; the inverted rule (p = 0.48 -> 4800) lies 8 std away
+    assert abs(count - n * p) < 5 * std
+
+
+def test_stochastic_extremes_always_and_never():
+    policy = ARPOBranchingPolicy(mode="stochastic")
+    rng = np.random.default_rng(1)
+    assert all(policy.should_branch(3.0, rng=rng) for _ in range(1000))  # p = 1
+    assert not any(policy.should_branch(-3.0, rng=rng) for _ in range(1000))  # p = 0
+
+
+def test_stochastic_same_seed_same_decisions():
+    policy = ARPOBranchingPolicy(mode="stochastic")
+    deltas = np.linspace(-2.0, 2.0, 200)
+
+    def decisions(seed: int) -> list[bool]:
+        rng = np.random.default_rng(seed)
+        return [policy.should_branch(float(d), rng=rng) for d in deltas]
+
+    assert decisions(7) == decisions(7)
+    assert decisions(7) != decisions(8)
+
+
+def test_stochastic_needs_rng():
+    with pytest.raises(ValueError, match="rng"):
+        ARPOBranchingPolicy(mode="stochastic").should_branch(0.1)
+
+
+@pytest.mark.parametrize(
+    "params, field",
+    [
+        ({"tau": 1.5}, "tau"),
+        ({"tau": -0.1}, "tau"),
+        ({"beta": -0.2}, "beta"),
+        ({"mode": "greedy"}, "mode"),
+        ({"alpha": float("nan")}, "alpha"),
+    ],
+)
+def test_arpo_invalid_params_name_the_field(params, field):
+    with pytest.raises(ValueError, match=field):
+        ARPOBranchingPolicy(**params)
+
+
+def test_non_finite_delta_entropy_raises():
+    with pytest.raises(ValueError, match="delta_entropy"):
+        ARPOBranchingPolicy().should_branch(float("nan"))
+
+
+# ----------------------------------------------------------------------------- AEPO
+
+
+@pytest.mark.parametrize(
+    "total, entropy_gap, sensitivity, expected",
+    [
+        (16, 0.0, 1.0, 9),  # sigmoid(0) = 0.5: floor(16 * 0.5) + 1 = 9
+        (8, 0.0, 1.0, 5),  # floor(8 * 0.5) + 1 = 5
+        (16, 1.0, 1.0, 12),  # sigmoid(1) = 0.7311: floor(11.70) + 1 = 12
+        (16, -1.0, 1.0, 5),  # sigmoid(-1) = 0.2689: floor(4.30) + 1 = 5
+        (16, 0.5, 2.0, 12),  # b * gap = 1, as above
+        (16, 0.5, 0.0, 9),  # b = 0: always the even split
+        (16, 50.0, 1.0, 16),  # sigmoid = 1: floor(16) + 1 = 17, clamped to M
+        (16, -50.0, 1.0, 1),  # sigmoid ~ 2e-22: floor(~0) + 1 = 1
+        (1, 0.0, 1.0, 1),  # floor(0.5) + 1 = 1
+    ],
+)
+def test_aepo_global_samples(total, entropy_gap, sensitivity, expected):
+    # gap = H_root - mean H_tool; split across the two arguments to check the sign convention
+    root_entropy, mean_tool_entropy = 0.5 + entropy_gap / 2, 0.5 - entropy_gap / 2
+    assert aepo_global_samples(total, root_entropy, mean_tool_entropy, sensitivity) == expected
+
+
+def test_aepo_global_samples_invalid():
+    with pytest.raises(ValueError, match="total_rollouts"):
+        aepo_global_samples(0, 0.5, 0.5)
+    with pytest.raises(ValueError, match="sensitivity"):
+        aepo_global_samples(16, 0.5, 0.5, sensitivity=-1.0)
+    with pytest.raises(ValueError, match="root_entropy"):
+        aepo_global_samples(16, float("inf"), 0.5)
+
+
+def test_aepo_penalty_factor():
+    policy = AEPOBranchingPolicy()  # penalty = 0.05
+    assert policy.penalty_factor(0) == 1.0
+    assert policy.penalty_factor(1) == pytest.approx(0.95)  # 1 - 0.05
+    assert policy.penalty_factor(10) == pytest.approx(0.5)  # 1 - 0.5
+    assert policy.penalty_factor(20) == 0.0  # 1 - 1.0
+    assert policy.penalty_factor(25) == 0.0  # max(0, -0.25)
+    with pytest.raises(ValueError, match="consecutive_branches"):
+        policy.penalty_factor(-1)
+
+
+def test_aepo_threshold_damps_score_before_comparing_with_tau():
+    policy = AEPOBranchingPolicy(ARPOBranchingPolicy(alpha=0.5, beta=0.2, tau=0.5), penalty=0.05)
+    # dH = 0.1: P = 0.52
+    assert policy.should_branch(0.1, consecutive_branches=0)  # 0.52 > 0.5
+    assert policy.branch_probability(0.1, 1) == pytest.approx(0.494)  # 0.52 * 0.95
+    assert not policy.should_branch(0.1, consecutive_branches=1)
+    # dH = 0.5: P = 0.6
+    assert policy.should_branch(0.5, consecutive_branches=3)  # 0.6 * 0.85 = 0.51 > 0.5
+    assert not policy.should_branch(0.5, consecutive_branches=4)  # 0.6 * 0.80 = 0.48
+
+
+def test_aepo_stochastic_probability_and_cutoff():
+    policy = AEPOBranchingPolicy.from_params(penalty=0.05, beta=0.2, tau=0.5, mode="stochastic")
+    assert policy.branch_probability(0.1, 0) == pytest.approx(0.52)  # clip(0.5 + 0.02)
+    assert policy.branch_probability(0.1, 1) == pytest.approx(0.494)  # 0.52 * 0.95
+    assert policy.branch_probability(3.0, 10) == pytest.approx(0.5)  # clip(1.1) = 1, * 0.5
+    rng = np.random.default_rng(2)
+    assert not any(policy.should_branch(3.0, 20, rng) for _ in range(1000))  # 1 * 0 = 0
+
+
+def test_aepo_invalid_penalty():
+    with pytest.raises(ValueError, match="penalty"):
+        AEPOBranchingPolicy(penalty=-0.05)
+
+
+# ----------------------------------------------------------------------------- factory
+
+
+def test_make_branching_policy():
+    arpo = make_branching_policy("arpo", alpha=0.4, beta=0.3, tau=0.6, mode="stochastic")
+    assert arpo == ARPOBranchingPolicy(alpha=0.4, beta=0.3, tau=0.6, mode="stochastic")
+    aepo = make_branching_policy("aepo", beta=0.3, penalty=0.1)
+    assert aepo == AEPOBranchingPolicy(ARPOBranchingPolicy(beta=0.3), penalty=0.1)
+    with pytest.raises(ValueError, match="unknown branching policy 'ppo'"):
+        make_branching_policy("ppo")
+    with pytest.raises(ValueError, match="tau"):
+        make_branching_policy("aepo", tau=2.0)
+
+
+# ----------------------------------------------------------------------------- budget
+
+
+def test_budget_reference_default_one_child_per_branch_point():
+    budget = BranchBudget(total=16, initial=8, branch_factor=2)
+    assert budget.children_per_branch() == 1  # Z - 1
+    granted = [budget.record_branch(1) for _ in range(10)]
+    assert granted == [1] * 8 + [0, 0]  # M - N = 8 branches, then none
+    assert (budget.branches_used, budget.branches_remaining, budget.num_paths) == (8, 0, 16)
+    assert not budget.can_branch()
+    assert budget.fill_count(16) == 0
+    assert budget.fill_count(13) == 3  # 3 paths dropped: 16 - 13
+
+
+def test_budget_grants_fewer_children_than_asked():
+    budget = BranchBudget(total=9, initial=8, branch_factor=3)
+    assert budget.children_per_branch() == 2
+    assert budget.record_branch(2) == 1  # only M - N = 1 left
+    assert budget.record_branch(2) == 0
+    budget = BranchBudget(total=16, initial=8, branch_factor=3)
+    assert budget.record_branch(5) == 2  # at most Z - 1 per branch point
+    assert budget.record_branch(0) == 0
+    assert budget.branches_remaining == 6  # 16 - 8 - 2
+
+
+def test_budget_fill_when_paths_end_early():
+    budget = BranchBudget(total=16, initial=8, branch_factor=2)
+    budget.record_branch(1)
+    budget.record_branch(1)
+    assert budget.fill_count(10) == 6  # 8 initial + 2 branches finished: 16 - 10
+
+
+def test_budget_branch_factor_one_never_branches():
+    budget = BranchBudget(total=16, initial=8, branch_factor=1)
+    assert not budget.can_branch()
+    assert budget.record_branch(1) == 0
+    assert budget.fill_count(8) == 8
+
+
+def test_budget_without_branch_room():
+    budget = BranchBudget(total=8, initial=8, branch_factor=2)
+    assert not budget.can_branch()
+    assert budget.record_branch(1) == 0
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"total": 4, "initial": 8}, r"total_rollouts \(M=4\) must be >= initial_rollouts \(N=8\)"),
+        ({"total": 4, "initial": 0}, r"initial_rollouts \(N=0\)"),
+        ({"total": 16, "initial": 8, "branch_factor": 0}, r"branch_factor \(Z=0\)"),
+    ],
+)
+def test_budget_invalid_config_names_the_field(params, message):
+    with pytest.raises(ValueError, match=message):
+        BranchBudget(**params)
+
+
+def test_budget_invalid_calls():
+    budget = BranchBudget(total=16, initial=8)
+    with pytest.raises(ValueError, match="requested"):
+        budget.record_branch(-1)
+    with pytest.raises(ValueError, match="num_finished"):
+        budget.fill_count(9)  # only 8 paths exist
+    with pytest.raises(ValueError, match="num_finished"):
+        budget.fill_count(-1)
+
+
+def test_budget_random_rollouts_never_exceed_and_always_fill_to_total():
+    exhausted = 0
+    for seed in range(300):
+        rng = np.random.default_rng(seed)
+        total = int(rng.integers(1, 33))
+        initial = int(rng.integers(1, total + 1))
+        branch_factor = int(rng.integers(1, 5))
+        budget = BranchBudget(total=total, initial=initial, branch_factor=branch_factor)
+        started, live, finished = initial, initial, 0
+        while live:
+            live -= 1
+            for _tool_call in range(int(rng.integers(0, 6))):
+                if rng.random() < 0.5 and budget.can_branch():
+                    requested = int(rng.integers(0, 5))
+                    granted = budget.record_branch(requested)
+                    assert granted == min(requested, branch_factor - 1, total - started)
+                    started += granted
+                    live += granted
+                assert started <= total
+            finished += rng.random() >= 0.1  # about 1 path in 10 is dropped
+        assert budget.num_paths == started
+        assert finished + budget.fill_count(finished) == total
+        exhausted += branch_factor > 1 and started == total and initial < total
+    assert exhausted > 50  # the loop really spends the branch budget in many runs

@@ -1,0 +1,344 @@
+"""Tools: call parsing, registry, parallel executor, Python sandbox and offline search."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from rllib_arpo.tools import base
+from rllib_arpo.tools.base import ToolCall, ToolExecutor, build_tools, find_tool_call, register_tool
+from rllib_arpo.tools.python_sandbox import PythonTool
+from rllib_arpo.tools.search import NO_RESULTS, SearchTool, split_pages
+
+# the users' data lives beside the repository (../shared/data/arpo); ARPO_DATA_DIR overrides it
+DATA_DIR = Path(os.environ.get("ARPO_DATA_DIR", Path(__file__).resolve().parents[3] / "shared/data/arpo"))
+SEARCH_CACHE = DATA_DIR / "search_cache" / "search_cache.json"
+
+TOOL_NAMES = ("search", "python")
+
+
+# --- find_tool_call -----------------------------------------------------------------------
+
+
+def test_find_tool_call_reads_the_call_that_ends_the_text():
+    text = "<think>I need the capital.</think> <search>capital of France</search>"
+    assert find_tool_call(text, TOOL_NAMES) == ToolCall("search", "capital of France")
+
+
+def test_find_tool_call_allows_trailing_whitespace_and_keeps_the_raw_query():
+    text = "<python>\n    x = 1\n    print(x)\n</python> \n\t"
+    assert find_tool_call(text, TOOL_NAMES) == ToolCall("python", "\n    x = 1\n    print(x)\n")
+
+
+def test_find_tool_call_takes_the_last_call_of_several():
+    text = "<search>first</search> <result>Page 1: a</result> <python>print(2)</python>"
+    assert find_tool_call(text, TOOL_NAMES) == ToolCall("python", "print(2)")
+
+
+def test_find_tool_call_takes_the_last_opening_tag_when_tags_nest():
+    text = "<search>outer <search>inner</search>"
+    assert find_tool_call(text, TOOL_NAMES) == ToolCall("search", "inner")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "no tool call here",
+        "<search>query</search> and then more text",  # the closing tag does not end the text
+        "<browse>https://example.org</browse>",  # a closing tag of a tool we do not have
+        "a query without its opening tag</search>",
+        "",
+    ],
+)
+def test_find_tool_call_returns_none_without_a_complete_final_call(text):
+    assert find_tool_call(text, TOOL_NAMES) is None
+
+
+# --- registry -----------------------------------------------------------------------------
+
+
+def test_build_tools_creates_configured_tools():
+    tools = build_tools({"python": {"timeout_s": 5}, "search": {"documents": ["a document"]}})
+    assert sorted(tools) == ["python", "search"]
+    assert isinstance(tools["python"], PythonTool) and tools["python"].timeout_s == 5
+    assert isinstance(tools["search"], SearchTool)
+    assert (tools["python"].name, tools["search"].name) == ("python", "search")
+
+
+def test_build_tools_rejects_an_unknown_tool_and_lists_the_known_ones():
+    with pytest.raises(ValueError, match=r"unknown tool 'calculator'.*'python'.*'search'"):
+        build_tools({"calculator": {}})
+
+
+def test_build_tools_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="bad arguments for tool 'python'.*timeout"):
+        build_tools({"python": {"timeout": 5}})
+
+
+def test_register_tool_sets_the_name_and_refuses_a_second_class_under_it(monkeypatch):
+    monkeypatch.setattr(base, "TOOL_REGISTRY", dict(base.TOOL_REGISTRY))
+
+    @register_tool("echo")
+    class Echo:
+        def __call__(self, query: str) -> str:
+            return query
+
+    assert Echo.name == "echo" and base.TOOL_REGISTRY["echo"] is Echo
+    assert build_tools({"echo": {}})["echo"]("hi") == "hi"
+    with pytest.raises(ValueError, match="already registered"):
+        register_tool("echo")(type("OtherEcho", (), {}))
+
+
+# --- executor -----------------------------------------------------------------------------
+
+
+class SleepTool:
+    """Sleeps for the number of seconds given as query and echoes it."""
+
+    name = "sleep"
+
+    def __call__(self, query: str) -> str:
+        time.sleep(float(query))
+        return query
+
+
+class BrokenTool:
+    name = "broken"
+
+    def __call__(self, query: str) -> str:
+        raise RuntimeError("boom")
+
+
+def test_executor_returns_results_in_input_order():
+    calls = [ToolCall("sleep", seconds) for seconds in ("0.3", "0.1", "0.2", "0.0")]
+    with ToolExecutor({"sleep": SleepTool()}, max_workers=4) as executor:
+        results = executor.run(calls)
+    # they finish in the order 0.0, 0.1, 0.2, 0.3, but come back in input order
+    assert [result.text for result in results] == ["0.3", "0.1", "0.2", "0.0"]
+    assert all(result.ok for result in results)
+
+
+def test_executor_four_calls_of_0_3_s_take_well_under_4_x_0_3_s():
+    with ToolExecutor({"sleep": SleepTool()}, max_workers=4) as executor:
+        start = time.monotonic()
+        executor.run([ToolCall("sleep", "0.3")] * 4)
+        assert time.monotonic() - start < 1.0  # sequential: 4 * 0.3 = 1.2 s
+
+
+def test_executor_answers_a_timeout_with_an_error_text():
+    with ToolExecutor({"sleep": SleepTool()}, timeout_s=0.2) as executor:
+        start = time.monotonic()
+        [slow, fast] = executor.run([ToolCall("sleep", "2"), ToolCall("sleep", "0")])
+        assert time.monotonic() - start < 1.5  # the 2 s call is abandoned at 0.2 s
+    assert (slow.text, slow.ok) == ("Error: sleep timed out after 0.2 s", False)
+    assert slow.latency_s >= 0.2
+    assert (fast.text, fast.ok) == ("0", True)
+
+
+def test_executor_turns_exceptions_and_unknown_tools_into_error_texts():
+    with ToolExecutor({"broken": BrokenTool()}) as executor:
+        [broken, unknown] = executor.run([ToolCall("broken", "x"), ToolCall("calculator", "1+1")])
+    assert (broken.text, broken.ok) == ("Error: broken failed: RuntimeError: boom", False)
+    assert (unknown.text, unknown.ok) == ("Error: unknown tool 'calculator'; available tools: broken", False)
+
+
+def test_executor_metrics_accumulate_and_reset_on_pop():
+    tools = {"sleep": SleepTool(), "broken": BrokenTool()}
+    with ToolExecutor(tools, timeout_s=0.3) as executor:
+        executor.run([ToolCall("sleep", "0.1"), ToolCall("sleep", "0.1"), ToolCall("broken", "x")])
+        executor.run([ToolCall("sleep", "1")])
+        metrics = executor.pop_metrics()
+        assert executor.pop_metrics() == {}
+    # sleep: 3 calls (0.1, 0.1, timed out at 0.3), 1 failure which is the timeout
+    assert metrics["tool/sleep/calls"] == 3
+    assert metrics["tool/sleep/failures"] == 1
+    assert metrics["tool/sleep/timeouts"] == 1
+    # mean latency (0.1 + 0.1 + 0.3) / 3 = 0.1667 s, plus thread overhead
+    assert 0.5 / 3 <= metrics["tool/sleep/latency_mean_s"] < 0.5 / 3 + 0.2
+    broken = [metrics[f"tool/broken/{field}"] for field in ("calls", "failures", "timeouts")]
+    assert broken == [1, 1, 0]
+    assert sorted(metrics) == sorted(
+        f"tool/{name}/{field}"
+        for name in ("broken", "sleep")
+        for field in ("calls", "failures", "timeouts", "latency_mean_s")
+    )
+
+
+# --- python sandbox -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def python_tool() -> PythonTool:
+    return PythonTool(timeout_s=5)
+
+
+def test_python_returns_what_the_code_prints(python_tool):
+    assert python_tool("print(1 + 1)") == "2"
+
+
+def test_python_echoes_the_last_expression_like_the_interpreter(python_tool):
+    assert python_tool("3 * 7") == "21"
+    assert python_tool("print('a')\nx = 6\nx * 7") == "a\n42"  # 6 * 7 = 42
+    assert python_tool("'text'") == "'text'"  # the repr, as the interpreter shows it
+    assert python_tool("x = None\nx") == ""  # None is not echoed
+
+
+def test_python_dedents_an_indented_block(python_tool):
+    assert python_tool("\n    y = 2\n    y ** 10\n") == "1024"  # 2 ** 10 = 1024
+
+
+def test_python_reports_a_syntax_error(python_tool):
+    lines = python_tool("print(1 +").splitlines()
+    assert lines[-1].startswith("SyntaxError:")
+    assert "main.py" in python_tool("print(1 +")
+
+
+def test_python_reports_the_tail_of_a_traceback_after_the_output(python_tool):
+    text = python_tool("print('before')\n1 / 0")
+    lines = text.splitlines()
+    assert lines[0] == "before"
+    assert lines[-1] == "ZeroDivisionError: division by zero"
+    assert 'File "main.py", line 2, in <module>' in text
+    assert "<string>" not in text  # the runner's own frame is hidden
+
+
+def test_python_kills_an_infinite_loop_at_the_timeout():
+    tool = PythonTool(timeout_s=1)
+    start = time.monotonic()
+    text = tool("print('started')\nwhile True:\n    pass")
+    assert time.monotonic() - start < 1 + 2  # timeout + margin for interpreter start and kill
+    assert text == "started\nError: execution timed out after 1 s"
+
+
+def test_python_kills_background_processes_it_started(python_tool):
+    pid = int(python_tool("import subprocess\nprint(subprocess.Popen(['sleep', '30']).pid)"))
+    deadline = time.monotonic() + 2
+    while _is_running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _is_running(pid)
+
+
+def _is_running(pid: int) -> bool:
+    """True when the process exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+def test_python_does_not_see_the_parent_environment(python_tool, monkeypatch):
+    monkeypatch.setenv("ARPO_TEST_SECRET", "hunter2")
+    text = python_tool("import os\nprint(os.environ.get('ARPO_TEST_SECRET'))\nsorted(os.environ)")
+    assert text == "None\n['HOME', 'LANG', 'OMP_NUM_THREADS', 'PATH', 'TMPDIR']"
+
+
+def test_python_runs_in_a_private_directory_that_is_removed(python_tool):
+    workdir = python_tool("import os\nopen('scratch.txt', 'w').write('x')\nos.getcwd()").strip("'")
+    assert Path(workdir).name.startswith("python-tool-")
+    assert not Path(workdir).exists()
+
+
+def test_python_caps_the_output():
+    tool = PythonTool(timeout_s=5, max_output_chars=10)
+    # 10**6 characters printed, 10 kept
+    assert tool("print('x' * 10**6)") == "xxxxxxxxxx\n[output truncated to 10 characters]"
+
+
+def test_python_limits_memory():
+    tool = PythonTool(timeout_s=5, memory_limit_mb=256)
+    assert tool("block = bytearray(1 << 30)").splitlines()[-1] == "MemoryError"  # 1 GiB > 256 MiB
+
+
+# --- search -------------------------------------------------------------------------------
+
+CORPUS = [
+    "Paris is the capital of France.",
+    "Photosynthesis converts light energy into chemical energy in plants.",
+    "The Eiffel Tower is a lattice tower in Paris.",
+    "Python is a programming language created by Guido van Rossum.",
+]
+
+
+def test_bm25_ranks_the_matching_document_first_in_the_page_format():
+    tool = SearchTool(backend="bm25", documents=CORPUS, top_k=4)
+    # "tower" (twice) and "paris" are in document 2, only "paris" in document 0, neither in 1 and 3:
+    # both matching documents score > 0 with document 2 on top; the others score 0 and are left out
+    assert tool(" tower in Paris ") == (
+        "Page 1: The Eiffel Tower is a lattice tower in Paris.\nPage 2: Paris is the capital of France."
+    )
+    assert tool("who created the Python programming language") == (
+        "Page 1: Python is a programming language created by Guido van Rossum."
+    )
+
+
+def test_bm25_respects_top_k_and_cuts_long_results():
+    tool = SearchTool(backend="bm25", documents=CORPUS, top_k=1, max_chars_per_result=10)
+    assert tool("tower in Paris") == "Page 1: The Eiffel..."  # the first 10 characters, then "..."
+
+
+def test_bm25_without_a_match_says_so():
+    assert SearchTool(documents=CORPUS)("quantum chromodynamics") == NO_RESULTS
+
+
+def test_bm25_reads_a_jsonl_corpus_with_titles(tmp_path):
+    path = tmp_path / "corpus.jsonl"
+    records = [{"title": "Eiffel Tower", "text": "A lattice tower\nin Paris."}, {"text": "Plants use light."}]
+    path.write_text("\n".join(json.dumps(record) for record in records) + "\n")
+    tool = SearchTool(backend="bm25", corpus_path=str(path))
+    assert tool("lattice tower") == "Page 1: Eiffel Tower - A lattice tower in Paris."  # newline collapsed
+    assert tool("plants") == "Page 1: Plants use light."
+
+
+def test_search_tool_rejects_bad_configuration():
+    with pytest.raises(ValueError, match="unknown search backend 'google'"):
+        SearchTool(backend="google", documents=CORPUS)
+    with pytest.raises(ValueError, match="exactly one of corpus_path and documents"):
+        SearchTool(backend="bm25")
+
+
+requires_search_cache = pytest.mark.skipif(not SEARCH_CACHE.exists(), reason=f"{SEARCH_CACHE} is missing")
+
+
+@pytest.fixture(scope="module")
+def search_cache() -> dict[str, str]:
+    return json.loads(SEARCH_CACHE.read_text())
+
+
+@pytest.fixture(scope="module")
+def cache_tool() -> SearchTool:
+    return SearchTool(backend="cache", corpus_path=SEARCH_CACHE)
+
+
+@requires_search_cache
+def test_cache_replays_an_exact_query(cache_tool, search_cache):
+    query = "Raymond Blanc OBE works in which city?"
+    assert search_cache[query].startswith("Page 1: ")
+    assert cache_tool(query) == search_cache[query]
+    no_results_query = "molecular formula of ascorbic acid"
+    assert search_cache[no_results_query] == NO_RESULTS
+    assert cache_tool(no_results_query) == NO_RESULTS
+
+
+@requires_search_cache
+def test_cache_keeps_the_first_top_k_pages(search_cache):
+    tool = SearchTool(backend="cache", documents=search_cache, top_k=2)
+    query = "Amy Smart film debut Campfire Tales"
+    first_two_pages = "\n".join(search_cache[query].split("\n")[:2])
+    assert tool(query) == first_two_pages
+
+
+@requires_search_cache
+def test_cache_miss_falls_back_to_bm25_over_the_cached_snippets(cache_tool, search_cache):
+    query = "Campfire Tales horror anthology directors"
+    assert query not in search_cache
+    pages = cache_tool(query).split("\n")
+    assert len(pages) == 10  # top_k = 10 by default
+    assert [page.split(": ", 1)[0] for page in pages] == [f"Page {rank}" for rank in range(1, 11)]
+    assert "Campfire Tales" in pages[0]
+    cached_snippets = {snippet for text in search_cache.values() for snippet in split_pages(text)}
+    assert all(snippet in cached_snippets for snippet in split_pages("\n".join(pages)))
