@@ -242,13 +242,21 @@ class ARPO(Algorithm):
     def get_default_config(cls) -> ARPOConfig:
         return ARPOConfig(cls)
 
-    def setup(self, config: ARPOConfig) -> None:
+    def setup(self, config: ARPOConfig | dict) -> None:
+        """Resolve ``model_path`` (``tiny`` builds the embedded policy once, here in the driver)
+        and build the local EnvRunner only when there are no remote ones."""
         from rllib_arpo.models.cache import resolve_model_path
 
-        config._is_frozen = False
-        config.model_path = resolve_model_path(config.model_path)
-        config.create_local_env_runner = config.num_env_runners == 0
-        config.freeze()
+        if isinstance(config, dict):  # Tune hands over a (partial) config dict
+            config = self.get_default_config().update_from_dict(config)
+        fields = {
+            "model_path": resolve_model_path(config.model_path) if config.model_path else None,
+            "create_local_env_runner": config.num_env_runners == 0,
+        }
+        for target in (config, self.config):
+            target._is_frozen = False
+            for key, value in fields.items():
+                setattr(target, key, value)
         super().setup(config)
         self.weights_version = 0
 

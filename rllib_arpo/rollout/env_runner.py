@@ -19,6 +19,7 @@ import numpy as np
 import ray
 from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.env.env_runner import EnvRunner
+from ray.rllib.utils.checkpoints import Checkpointable
 
 from rllib_arpo.core.branching import make_branching_policy
 from rllib_arpo.core.rewards import hierarchical_reward
@@ -48,7 +49,7 @@ def build_engine(config):
     raise ValueError(f"engine {config.engine!r} is not available; use 'hf'")
 
 
-class ARPOEnvRunner(EnvRunner):
+class ARPOEnvRunner(EnvRunner, Checkpointable):
     def __init__(self, *, config, **kwargs):
         super().__init__(config=config, **kwargs)
         cfg = self.config
@@ -172,6 +173,9 @@ class ARPOEnvRunner(EnvRunner):
             if isinstance(module_state, ray.ObjectRef):
                 module_state = ray.get(module_state)
             self.engine.update_weights(hf_state_dict(module_state[DEFAULT_MODULE_ID]), 0)
+
+    def get_ctor_args_and_kwargs(self):
+        return (), {"config": self.config}
 
     def stop(self) -> None:
         self.tools.close()

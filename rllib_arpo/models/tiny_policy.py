@@ -1,0 +1,155 @@
+"""A tiny Qwen2-architecture policy and its tokenizer, built locally from the embedded TIR task.
+
+Nothing is downloaded: the tokenizer is a byte-level BPE trained on the task's own text (corpus,
+prompts, demonstrations) and the model is a randomly initialised ``Qwen2ForCausalLM`` a few
+hundred thousand parameters large, so ARPO runs end to end on a laptop CPU. The architecture is
+the one the paper trains (Qwen2.5), so the same code paths serve the tiny policy, vLLM and a
+real checkpoint.
+
+- Byte-level BPE: every string (tracebacks, odd Unicode, whitespace runs) encodes and decodes
+  back to itself exactly, which the token-level rollout relies on. Digits are always single
+  tokens (as in Qwen2's tokenizer), so copying a looked-up number into Python code is the same
+  digit-by-digit skill for every number.
+- The TIR tags (``<think>``, ``</think>``, ``<search>``, ... ``</browse>``) are single added
+  tokens that are *not* special, so ``decode`` keeps them and a tool's closing tag is one token.
+- ``<|endoftext|>`` is the only special token: end of sequence and padding.
+- head_dim = hidden_size / num_heads is fixed at 64 because vLLM's CPU attention kernels do not
+  support smaller heads.
+
+The weights are a random initialisation. Teaching the policy the tag format (a warm-start SFT
+on ``tir_task.demonstration`` transcripts) is a separate step that starts from the directory
+``save_tiny_policy`` writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from rllib_arpo.core.rewards import DEFAULT_TOOL_TAGS
+from rllib_arpo.data.tir_task import SPLIT_NAMES, TIRTask, demonstration, format_prompt
+from rllib_arpo.tools.python_sandbox import PythonTool
+from rllib_arpo.tools.search import SearchTool
+
+END_OF_TEXT = "<|endoftext|>"
+TAG_TOKENS: tuple[str, ...] = tuple(
+    tag for name in ("think", *DEFAULT_TOOL_TAGS, "result", "answer") for tag in (f"<{name}>", f"</{name}>")
+)
+"""The TIR tags, each a single non-special token."""
+
+HEAD_DIM = 64
+NUM_DEMONSTRATIONS_FOR_TOKENIZER = 48
+"""Train-split demonstrations the tokenizer sees (enough to cover the transcript phrasing)."""
+
+
+def build_tokenizer(texts: Iterable[str], vocab_size: int = 1024) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE on ``texts`` and add the TIR tags and ``<|endoftext|>``.
+
+    ``vocab_size`` bounds the BPE vocabulary (256 byte symbols, ``<|endoftext|>`` and the
+    merges); the tag tokens come on top, so ``len(tokenizer)`` is up to vocab_size + 12.
+    """
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[END_OF_TEXT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(texts, trainer)
+    bpe.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in TAG_TOKENS])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        eos_token=END_OF_TEXT,
+        pad_token=END_OF_TEXT,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def build_tiny_policy(
+    tokenizer: PreTrainedTokenizerFast,
+    *,
+    hidden_size: int = 128,
+    num_layers: int = 2,
+    num_heads: int = 2,
+    num_kv_heads: int = 1,
+    intermediate_size: int = 256,
+    max_position_embeddings: int = 2048,
+    seed: int = 0,
+) -> Qwen2ForCausalLM:
+    """A randomly initialised Qwen2 causal LM over ``tokenizer``'s vocabulary (tied embeddings).
+
+    ``hidden_size`` must equal 64 * ``num_heads`` (head_dim 64) and ``num_heads`` must be a
+    multiple of ``num_kv_heads`` (grouped-query attention). ``seed`` fixes the initial weights
+    without touching the global torch random state.
+    """
+    if hidden_size != HEAD_DIM * num_heads:
+        raise ValueError(f"hidden_size must be {HEAD_DIM} * num_heads = {HEAD_DIM * num_heads}, got {hidden_size}")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return Qwen2ForCausalLM(config)
+
+
+def task_texts(task: TIRTask, seed: int = 0) -> list[str]:
+    """The text the tokenizer learns from: the corpus, every prompt, and perfect transcripts of
+    the first ``NUM_DEMONSTRATIONS_FOR_TOKENIZER`` train questions, run on the real tools (BM25
+    search over the task corpus, top 3 pages)."""
+    search = SearchTool(backend="bm25", documents=task.corpus(), top_k=3)
+    python = PythonTool()
+    rng = np.random.default_rng(seed)
+    examples = [example for name in SPLIT_NAMES for example in task.split(name)]
+    demonstrations = [
+        demonstration(example, rng, search=search, python=python)
+        for example in task.split("train")[:NUM_DEMONSTRATIONS_FOR_TOKENIZER]
+    ]
+    return task.corpus() + [format_prompt(example) for example in examples] + demonstrations
+
+
+def save_tiny_policy(
+    directory: str | Path, task_seed: int = 0, vocab_size: int = 1024, **model_kwargs: int
+) -> Path:
+    """Build the tokenizer on ``TIRTask(seed=task_seed)``'s text and a fresh tiny policy over it,
+    and save both into ``directory`` (``save_pretrained``, loadable with ``Auto*.from_pretrained``
+    and by vLLM). ``model_kwargs`` go to ``build_tiny_policy``. Returns the directory."""
+    directory = Path(directory)
+    tokenizer = build_tokenizer(task_texts(TIRTask(seed=task_seed), seed=task_seed), vocab_size=vocab_size)
+    model = build_tiny_policy(tokenizer, **model_kwargs)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def load_or_build_tiny_policy(
+    directory: str | Path, task_seed: int = 0, vocab_size: int = 1024, **model_kwargs: int
+) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
+    """Load the policy and tokenizer saved in ``directory``; build and save them there first when
+    the directory holds none (the build arguments are then those of ``save_tiny_policy`` and are
+    ignored when a saved policy exists)."""
+    directory = Path(directory)
+    if not ((directory / "config.json").exists() and (directory / "tokenizer.json").exists()):
+        save_tiny_policy(directory, task_seed=task_seed, vocab_size=vocab_size, **model_kwargs)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(directory)
+    return Qwen2ForCausalLM.from_pretrained(directory), tokenizer

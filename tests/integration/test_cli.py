@@ -1,0 +1,69 @@
+"""The ``rllib train file`` console script on the tiny tuned example."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rllib_arpo.cli import ConfigError, load_experiments
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_rllib_train_file_tiny_yaml_writes_tensorboard_and_metrics(tiny_policy_cache, tmp_path):
+    env = {**os.environ, "RLLIB_ARPO_CACHE": str(tiny_policy_cache)}
+    command = [
+        sys.executable, "-m", "rllib_arpo.cli", "train", "file", str(REPO / "tuned_examples" / "arpo_tiny.yaml"),
+        "--stop", '{"training_iteration": 2}', "--storage-path", str(tmp_path),
+    ]  # fmt: skip
+    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result_files = list(tmp_path.glob("arpo-tiny/*/result.json"))
+    assert len(result_files) == 1
+    results = [json.loads(line) for line in result_files[0].read_text().splitlines()]
+    assert [r["training_iteration"] for r in results] == [1, 2]
+    last = results[-1]
+    for key in ("reward_mean", "reward_max", "accuracy", "format_error_rate", "branches",
+                "entropy_change_after_tool", "trajectories_per_s", "generated_tokens_per_s",
+                "tool_calls_per_trajectory/search", "tool_calls_per_trajectory/python"):  # fmt: skip
+        assert key in last["env_runners"], key
+    for key in ("policy_loss", "clip_fraction", "approx_kl"):
+        assert key in last["learners"]["default_policy"], key
+    assert "grad_norm" in last["learners"]
+    assert last["weights_version"] == 2 and "weight_sync_s" in last
+    assert list(result_files[0].parent.glob("events.out.tfevents.*")), "no TensorBoard event file"
+
+
+def write(tmp_path, text: str) -> str:
+    path = tmp_path / "experiment.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_unknown_run_and_config_keys_are_reported(tmp_path):
+    with pytest.raises(ConfigError, match="unknown run: 'PPO2'"):
+        load_experiments(write(tmp_path, "x:\n  run: PPO2\n  config: {}\n"))
+    with pytest.raises(ConfigError, match="unknown config key 'totl_rollouts'.*total_rollouts"):
+        load_experiments(write(tmp_path, "x:\n  run: ARPO\n  config: {totl_rollouts: 4}\n"))
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_experiments(str(tmp_path / "missing.yaml"))
+
+
+def test_stop_override_and_grid_search_are_read(tmp_path):
+    path = write(tmp_path, "x:\n  run: ARPO\n  stop: {training_iteration: 50}\n  config: {tau: {grid_search: [0.3, 0.5]}}\n")
+    experiments = load_experiments(path, stop_override={"training_iteration": 2})
+    assert experiments["x"]["stop"] == {"training_iteration": 2}
+    assert experiments["x"]["config"]["tau"] == {"grid_search": [0.3, 0.5]}
+
+
+def test_cli_exits_with_a_clear_message_on_a_bad_file(tmp_path):
+    completed = subprocess.run(
+        [sys.executable, "-m", "rllib_arpo.cli", "train", "file", write(tmp_path, "x:\n  run: NOPE\n")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert completed.returncode == 2
+    assert "rllib: error: experiment 'x': unknown run: 'NOPE'" in completed.stderr
