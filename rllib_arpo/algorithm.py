@@ -290,6 +290,7 @@ class ARPO(Algorithm):
         num_tokens = int(train_batch["loss_mask"].sum())
 
         # 3. learner update
+        start = time.perf_counter()
         learner_results = self.learner_group.update(
             batch=MultiAgentBatch({DEFAULT_MODULE_ID: train_batch}, env_steps=num_tokens),
             num_epochs=cfg.num_epochs,
@@ -297,6 +298,7 @@ class ARPO(Algorithm):
             shuffle_batch_per_epoch=cfg.minibatch_size is not None,
         )
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
+        self.metrics.log_value("learner_update_s", time.perf_counter() - start, window=1)
 
         # 4. weight sync: torch tensors through the object store once, with a version number
         start = time.perf_counter()

@@ -17,8 +17,8 @@ in two splits.
 ``demonstration`` writes reference transcripts in the project's tag format::
 
     <think> I need the population of Zorvath. </think> <search> population of Zorvath </search>
-    <result> Page 1: Zorvath is a city. ... </result> <think> I compute it with Python. </think>
-    <python> 48213 * 7 </python> <result> 337491 </result> <answer> \\boxed{337491} </answer>
+    <result>Page 1: Zorvath is a city. ...</result> <think> I compute it with Python. </think>
+    <python> 48213 * 7 </python> <result>337491</result> <answer> \\boxed{337491} </answer>
 
 The tool results in it are whatever the given ``search`` and ``python`` callables return, and the
 numbers the transcript uses are read back from those results (never from the gold answer), so a
@@ -180,11 +180,10 @@ class TIRTask:
         rng = np.random.default_rng(seed)
         self.entities = _generate_entities(rng, num_entities)
         seen_questions: set[str] = set()
-        self._splits = {
-            name: [_draw_new_question(QUESTION_KINDS[i % len(QUESTION_KINDS)], rng, self.entities, seen_questions)
-                   for i in range(size)]
-            for name, size in zip(SPLIT_NAMES, (num_train, num_valid, num_test))
-        }  # fmt: skip
+        self._splits: dict[str, list[TIRExample]] = {}
+        for name, size in zip(SPLIT_NAMES, (num_train, num_valid, num_test)):
+            kinds = [QUESTION_KINDS[i % len(QUESTION_KINDS)] for i in range(size)]
+            self._splits[name] = [_draw_new_question(kind, rng, self.entities, seen_questions) for kind in kinds]
 
     def corpus(self) -> list[str]:
         """The search tool's documents, one per entity."""
@@ -279,12 +278,13 @@ def demonstration(
 # --- transcript rendering ---------------------------------------------------------------------
 def _transcript(turns: list[ToolTurn], answer: str | None, final_thought: str | None = None) -> str:
     """Each tool turn after a short thought, then (unless ``answer`` is None) the final thought if
-    any and the boxed answer, joined by single spaces."""
+    any and the boxed answer, joined by single spaces. A tool result is written exactly as the
+    tree rollout appends it after the call's closing tag: `` <result>{text}</result>``."""
     parts = []
     for turn in turns:
         name, query = turn.call.name, turn.call.query
         thought = f"I need the {query}." if name == "search" else "I compute it with Python."
-        parts.append(f"<think> {thought} </think> <{name}> {query} </{name}> <result> {turn.result} </result>")
+        parts.append(f"<think> {thought} </think> <{name}> {query} </{name}> <result>{turn.result}</result>")
     if answer is not None:
         if final_thought is not None:
             parts.append(f"<think> {final_thought} </think>")

@@ -6,13 +6,14 @@ hundred thousand parameters large, so ARPO runs end to end on a laptop CPU. The 
 the one the paper trains (Qwen2.5), so the same code paths serve the tiny policy, vLLM and a
 real checkpoint.
 
-- Byte-level BPE: every string (tracebacks, odd Unicode, whitespace runs) encodes and decodes
-  back to itself exactly, which the token-level rollout relies on. Digits are always single
-  tokens (as in Qwen2's tokenizer), so copying a looked-up number into Python code is the same
-  digit-by-digit skill for every number.
+- Byte-level BPE with Qwen2's pipeline: every string in Unicode NFC (tracebacks, odd
+  characters, whitespace runs, control bytes) encodes and decodes back to itself exactly, which
+  the token-level rollout relies on; other strings come back NFC-normalised, as with Qwen2.5's
+  own tokenizer. Digits are single tokens, so copying a looked-up number into Python code is
+  the same digit-by-digit skill for every number.
 - The TIR tags (``<think>``, ``</think>``, ``<search>``, ... ``</browse>``) are single added
   tokens that are *not* special, so ``decode`` keeps them and a tool's closing tag is one token.
-- ``<|endoftext|>`` is the only special token: end of sequence and padding.
+- ``<|endoftext|>`` is the only special token: end of sequence and padding (no BOS, as Qwen2).
 - head_dim = hidden_size / num_heads is fixed at 64 because vLLM's CPU attention kernels do not
   support smaller heads.
 
@@ -23,20 +24,21 @@ on ``tir_task.demonstration`` transcripts) is a separate step that starts from t
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import torch
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from tokenizers import AddedToken
+from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 
 from rllib_arpo.core.rewards import DEFAULT_TOOL_TAGS
 from rllib_arpo.data.tir_task import SPLIT_NAMES, TIRTask, demonstration, format_prompt
 from rllib_arpo.tools.python_sandbox import PythonTool
 from rllib_arpo.tools.search import SearchTool
 
-END_OF_TEXT = "<|endoftext|>"
 TAG_TOKENS: tuple[str, ...] = tuple(
     tag for name in ("think", *DEFAULT_TOOL_TAGS, "result", "answer") for tag in (f"<{name}>", f"</{name}>")
 )
@@ -48,30 +50,18 @@ NUM_DEMONSTRATIONS_FOR_TOKENIZER = 48
 
 
 def build_tokenizer(texts: Iterable[str], vocab_size: int = 1024) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE on ``texts`` and add the TIR tags and ``<|endoftext|>``.
+    """Train Qwen2's tokenizer pipeline on ``texts`` and add the TIR tags as single tokens.
 
-    ``vocab_size`` bounds the BPE vocabulary (256 byte symbols, ``<|endoftext|>`` and the
-    merges); the tag tokens come on top, so ``len(tokenizer)`` is up to vocab_size + 12.
+    ``Qwen2Tokenizer.train_new_from_iterator`` keeps Qwen2's normaliser (NFC), pre-tokeniser
+    (Qwen2's split pattern, then byte-level) and byte-level decoder, and learns merges up to
+    ``vocab_size`` tokens (256 byte symbols, ``<|endoftext|>`` and the merges); the tags come on
+    top, so ``len(tokenizer)`` is up to vocab_size + 12. The pipeline has to be Qwen2's own:
+    ``AutoTokenizer`` (and so vLLM) rebuilds any tokenizer saved beside a Qwen2 config as a
+    ``Qwen2Tokenizer``, and a different pipeline would then encode text differently.
     """
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    )
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[END_OF_TEXT],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(texts, trainer)
-    bpe.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in TAG_TOKENS])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
-        eos_token=END_OF_TEXT,
-        pad_token=END_OF_TEXT,
-        clean_up_tokenization_spaces=False,
-    )
+    tokenizer = Qwen2Tokenizer(unk_token=None).train_new_from_iterator(texts, vocab_size, show_progress=False)
+    tokenizer.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in TAG_TOKENS])
+    return tokenizer
 
 
 def build_tiny_policy(
@@ -132,8 +122,8 @@ def save_tiny_policy(
     directory: str | Path, task_seed: int = 0, vocab_size: int = 1024, **model_kwargs: int
 ) -> Path:
     """Build the tokenizer on ``TIRTask(seed=task_seed)``'s text and a fresh tiny policy over it,
-    and save both into ``directory`` (``save_pretrained``, loadable with ``Auto*.from_pretrained``
-    and by vLLM). ``model_kwargs`` go to ``build_tiny_policy``. Returns the directory."""
+    and save both into ``directory`` as a standard ``save_pretrained`` directory (what the
+    ``Auto*`` classes and vLLM read). ``model_kwargs`` go to ``build_tiny_policy``. Returns the directory."""
     directory = Path(directory)
     tokenizer = build_tokenizer(task_texts(TIRTask(seed=task_seed), seed=task_seed), vocab_size=vocab_size)
     model = build_tiny_policy(tokenizer, **model_kwargs)
@@ -147,9 +137,27 @@ def load_or_build_tiny_policy(
 ) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
     """Load the policy and tokenizer saved in ``directory``; build and save them there first when
     the directory holds none (the build arguments are then those of ``save_tiny_policy`` and are
-    ignored when a saved policy exists)."""
+    ignored when a saved policy exists).
+
+    The build goes to a staging directory beside ``directory`` that is then renamed into place,
+    so processes that start at the same time (parallel Tune trials sharing a cache) never read a
+    half-written policy; the build is deterministic, so whichever rename wins is the same policy.
+    """
     directory = Path(directory)
-    if not ((directory / "config.json").exists() and (directory / "tokenizer.json").exists()):
-        save_tiny_policy(directory, task_seed=task_seed, vocab_size=vocab_size, **model_kwargs)
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(directory)
+    if not _holds_policy(directory):
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-building-", dir=directory.parent))
+        try:
+            save_tiny_policy(staging, task_seed=task_seed, vocab_size=vocab_size, **model_kwargs)
+            staging.rename(directory)  # atomic; replaces ``directory`` only if it is missing or empty
+        except OSError:
+            if not _holds_policy(directory):  # not a lost race: a real error
+                raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
     return Qwen2ForCausalLM.from_pretrained(directory), tokenizer
+
+
+def _holds_policy(directory: Path) -> bool:
+    return all((directory / name).is_file() for name in ("config.json", "model.safetensors", "tokenizer.json"))

@@ -25,7 +25,7 @@ from rllib_arpo.core.branching import make_branching_policy
 from rllib_arpo.core.rewards import hierarchical_reward
 from rllib_arpo.core.tree import RolloutTree
 from rllib_arpo.data.datasets import PromptStream, dataset_documents, encode_prompt, load_dataset
-from rllib_arpo.learner.rl_module import hf_state_dict, placeholder_spaces
+from rllib_arpo.learner.rl_module import DTYPES, hf_state_dict, placeholder_spaces
 from rllib_arpo.rollout.tree_rollout import RolloutSettings, TreeRollout
 from rllib_arpo.tools.base import ToolExecutor, build_tools
 
@@ -45,7 +45,7 @@ def build_engine(config):
     if config.engine == "hf":
         from rllib_arpo.rollout.hf_engine import HFEngine
 
-        return HFEngine.from_pretrained(config.model_path, **config.engine_options)
+        return HFEngine.from_pretrained(config.model_path, dtype=DTYPES[config.dtype], **config.engine_options)
     raise ValueError(f"engine {config.engine!r} is not available; use 'hf'")
 
 

@@ -96,10 +96,10 @@ class TreeRollout:
         if s.aepo_pre_monitoring:
             budgets: list[BranchBudget | None] = [None] * len(trees)
             active = [_Path(tree=i) for i in range(len(trees))]
+            probes = {path.tree: path for path in active}
         else:
             budgets = [BranchBudget(s.total_rollouts, s.initial_rollouts, s.branch_factor) for _ in trees]
             active = [_Path(tree=i) for i in range(len(trees)) for _ in range(s.initial_rollouts)]
-        probes: dict[int, _Path] = {}
 
         while active:
             stats.rounds += 1
@@ -111,14 +111,11 @@ class TreeRollout:
                 if i in running or tree.num_trajectories >= s.total_rollouts:
                     continue
                 if budgets[i] is None:
-                    budgets[i] = self._budget_from_probe(tree, probes.get(i))
+                    budgets[i] = self._budget_from_probe(probes[i])
                     next_active += [_Path(tree=i) for _ in range(budgets[i].initial - 1)]
                 else:
                     fill = budgets[i].fill_count(tree.num_trajectories)
                     next_active += [_Path(tree=i, may_branch=False) for _ in range(fill)]
-            for path in next_active:
-                if budgets[path.tree] is None:
-                    probes[path.tree] = path
             active = next_active
         return trees, stats
 
@@ -162,7 +159,7 @@ class TreeRollout:
                 next_active += self._maybe_branch(path, window_entropy, budgets[path.tree], rng, stats)
             path.node, path.after_tool = segment, False
 
-            truncated = n < len(generation.token_ids) or n >= limit
+            truncated = n < len(generation.token_ids) or generation.finish_reason == "length"
             if generation.finish_reason == "stop" and not truncated:
                 call = find_tool_call(self.engine.tokenizer.decode(token_ids), self.tool_names)
                 if call is None:
@@ -232,10 +229,11 @@ class TreeRollout:
         return continuing
 
     # --- AEPO pre-monitoring ---------------------------------------------------------------
-    def _budget_from_probe(self, tree: RolloutTree, probe: _Path | None) -> BranchBudget:
+    def _budget_from_probe(self, probe: _Path) -> BranchBudget:
+        """m = aepo_global_samples(M, H_root, mean H_tool) from the probe trajectory; a probe that
+        called no tool gives H_tool = H_root (no evidence either way: m = floor(M / 2) + 1)."""
         s = self.settings
-        root = probe.h_initial if probe and probe.h_initial is not None else 0.0
-        tool = float(np.mean(probe.tool_entropies)) if probe and probe.tool_entropies else root
+        root = probe.h_initial
+        tool = float(np.mean(probe.tool_entropies)) if probe.tool_entropies else root
         m = aepo_global_samples(s.total_rollouts, root, tool, s.aepo_sensitivity)
-        budget = BranchBudget(s.total_rollouts, m, s.branch_factor)
-        return budget
+        return BranchBudget(s.total_rollouts, m, s.branch_factor)

@@ -99,7 +99,7 @@ class PythonTool:
     def _execute(self, workdir: str) -> tuple[bytes, bytes, int | None]:
         """Runs ``main.py`` in ``workdir``; returns (stdout head, stderr tail, exit code; None on timeout)."""
         limits = (
-            math.ceil(self.timeout_s),
+            math.ceil(self.timeout_s) + 1,  # CPU seconds: a backstop; the wall-clock deadline comes first
             self.memory_limit_mb << 20,
             self.max_processes,
             self.max_file_size_mb << 20,

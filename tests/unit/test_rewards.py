@@ -1,5 +1,6 @@
 """Answer extraction, QA/math scoring, TIR format check and ARPO's hierarchical reward."""
 
+import os
 import json
 import threading
 from pathlib import Path
@@ -20,7 +21,8 @@ from rllib_arpo.core.rewards import (
     validate_format,
 )
 
-DATA = Path("/work/shared/data/arpo")
+# the users' data lives beside the repository (../shared/data/arpo); ARPO_DATA_DIR overrides it
+DATA = Path(os.environ.get("ARPO_DATA_DIR", Path(__file__).resolve().parents[3] / "shared/data/arpo"))
 needs_data = pytest.mark.skipif(not DATA.exists(), reason="ARPO reference data not present")
 
 BOTH_TOOLS = {"search": 1, "python": 2}

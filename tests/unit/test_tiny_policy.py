@@ -1,5 +1,8 @@
+import unicodedata
+
 import pytest
 import torch
+from transformers import AutoTokenizer, Qwen2Config
 
 from rllib_arpo.data.tir_task import SPLIT_NAMES, TIRTask, format_prompt
 from rllib_arpo.models.tiny_policy import (
@@ -15,17 +18,21 @@ TRICKY_TEXTS = [
     "<result>\n  -7\n</result><answer> \\boxed{337491} </answer>",
     'Traceback (most recent call last):\n  File "main.py", line 1, in <module>\nZeroDivisionError: division by zero',
     "tabs\tand  double  spaces,\r\nCRLF, trailing space ",
-    "naïve café 中文 🙂 \x08oxed{x} \u200b",
+    "naïve café 中文 🙂 \x08oxed{x} \u200b \x00\x7f",
     " . , ' s n't (leading space and punctuation a cleanup would eat)",
     "<think><think></think>",
 ]
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
+def task_text() -> list[str]:
     task = TIRTask(seed=0, num_entities=16, num_train=9, num_valid=3, num_test=3)
-    texts = task.corpus() + [format_prompt(example) for name in SPLIT_NAMES for example in task.split(name)]
-    return build_tokenizer(texts, vocab_size=400)
+    return task.corpus() + [format_prompt(example) for name in SPLIT_NAMES for example in task.split(name)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(task_text):
+    return build_tokenizer(task_text, vocab_size=400)
 
 
 def check_tokenizer(tokenizer) -> None:
@@ -50,7 +57,19 @@ def test_tokenizer_round_trip_tags_and_eos(tokenizer):
     check_tokenizer(tokenizer)
     assert len(tokenizer) == 400 + 12  # the BPE fills vocab_size (256 bytes + <|endoftext|> + 143 merges)
     assert len(tokenizer.encode(" 48213")) == 1 + 5  # the space, then one token per digit
-    assert tokenizer.encode("Zorvath") != tokenizer.encode("Zorvath".lower())
+    decomposed = "Cafe\u0301"  # "e" + combining acute accent: not in NFC
+    assert tokenizer.decode(tokenizer.encode(decomposed)) == unicodedata.normalize("NFC", decomposed) == "Caf\u00e9"
+
+
+def test_auto_tokenizer_reloads_the_same_tokenizer(tokenizer, task_text, tmp_path):
+    """What vLLM and ``AutoTokenizer`` load beside a Qwen2 config encodes exactly like the
+    tokenizer that was built."""
+    tokenizer.save_pretrained(tmp_path)
+    Qwen2Config(vocab_size=len(tokenizer)).save_pretrained(tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    for text in TRICKY_TEXTS + task_text:
+        assert reloaded.encode(text) == tokenizer.encode(text)
+    check_tokenizer(reloaded)
 
 
 def test_model_shapes_and_forward(tokenizer):
@@ -95,6 +114,7 @@ def test_save_and_load_round_trip(tmp_path):
     directory = tmp_path / "tiny"
     sizes = dict(hidden_size=64, num_heads=1, num_kv_heads=1, intermediate_size=64)
     model, tokenizer = load_or_build_tiny_policy(directory, vocab_size=512, **sizes)  # builds and saves
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["tiny"]  # the staging directory is gone
     assert (directory / "model.safetensors").exists() and (directory / "tokenizer.json").exists()
     check_tokenizer(tokenizer)
     assert len(tokenizer) == 512 + 12
@@ -107,3 +127,11 @@ def test_save_and_load_round_trip(tmp_path):
     assert reloaded_tokenizer.get_vocab() == tokenizer.get_vocab()
     assert save_tiny_policy(tmp_path / "again", vocab_size=512, **sizes) == tmp_path / "again"
     assert (tmp_path / "again" / "tokenizer.json").read_text() == (directory / "tokenizer.json").read_text()
+
+    unrelated = tmp_path / "not_a_policy"
+    unrelated.mkdir()
+    (unrelated / "notes.txt").write_text("keep me")
+    with pytest.raises(OSError):  # never overwrites a directory that holds something else
+        load_or_build_tiny_policy(unrelated, vocab_size=512, **sizes)
+    assert [path.name for path in unrelated.iterdir()] == ["notes.txt"]
+    assert not [path for path in tmp_path.iterdir() if "building" in path.name]

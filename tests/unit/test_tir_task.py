@@ -123,9 +123,9 @@ def test_handmade_transcripts_are_exact():
     rng = np.random.default_rng(0)
     search_turn = (
         f"<think> I need the population of Zorvath. </think> <search> population of Zorvath </search> "
-        f"<result> {ZORVATH_PAGE} </result>"
+        f"<result>{ZORVATH_PAGE}</result>"
     )
-    python_turn = "<think> I compute it with Python. </think> <python> 48213 * 7 </python> <result> 337491 </result>"
+    python_turn = "<think> I compute it with Python. </think> <python> 48213 * 7 </python> <result>337491</result>"
     perfect = demonstration(ZORVATH_TIMES_7, rng, "perfect", **ZORVATH_TOOLS)
     assert perfect == f"{search_turn} {python_turn} <answer> \\boxed{{337491}} </answer>"
     assert demonstration(ZORVATH_TIMES_7, rng, "stopped_early", **ZORVATH_TOOLS) == search_turn
@@ -153,7 +153,7 @@ def test_perfect_demonstrations_replay_on_the_real_tools(task: TIRTask, tools: d
         for closing in re.finditer(r"</(search|python)>", transcript):
             call = find_tool_call(transcript[: closing.end()], ["search", "python"])
             result = tools[call.name](call.query)
-            assert transcript[closing.end() :].startswith(f" <result> {result} </result>")
+            assert transcript[closing.end() :].startswith(f" <result>{result}</result>")  # as the rollout appends it
             called.append(call.name)
         assert called == ["search"] * len(example.facts) + ["python"] * bool(example.calculation)
         assert set(called) == set(example.needed_tools)

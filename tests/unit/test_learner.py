@@ -1,0 +1,186 @@
+"""ARPOTorchLearner + CausalLMModule built from ARPOConfig without Ray, on a tiny Qwen2 policy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+from transformers import AutoConfig
+
+from rllib_arpo.algorithm import ARPOConfig
+from rllib_arpo.core.tree import TrajectoryRow
+from rllib_arpo.learner.packing import pad_rows
+from rllib_arpo.learner.rl_module import hf_state_dict, placeholder_spaces
+from rllib_arpo.learner.torch_learner import ARPOTorchLearner
+from rllib_arpo.models.tiny_policy import build_tiny_policy, build_tokenizer
+from rllib_arpo.rollout.hf_engine import HFEngine
+
+LR = 1e-3
+EPS = 0.2  # clip_eps_low = clip_eps_high
+# (prompt length, loss mask of the response, advantage of the row); trained tokens per row:
+# 5, 3, 0 (a fully shared row of the de-duplicated view), 5, 1 -- unequal on purpose, so a
+# micro-batch split only matches the whole batch if each micro-loss is weighted by its share
+ROWS = [
+    (3, [1, 1, 1, 0, 0, 0, 1, 1], 1.0),  # a 3-token tool result in the middle
+    (5, [1, 1, 1], -0.5),
+    (2, [0, 0, 0, 0], 0.25),
+    (4, [1, 0, 0, 1, 1, 1, 1], -1.5),
+    (2, [1], 2.0),
+]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    tokenizer = build_tokenizer(["Where is the tower? <search>tower</search> <answer>Paris</answer>"], vocab_size=300)
+    model = build_tiny_policy(
+        tokenizer, hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1,
+        intermediate_size=64, max_position_embeddings=64,
+    )
+    directory = tmp_path_factory.mktemp("tiny_policy")
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return str(directory)
+
+
+def build_learner(model_dir: str, dtype: str = "float32", **training) -> ARPOTorchLearner:
+    config = (
+        ARPOConfig()
+        .policy(model_path=model_dir, dtype=dtype)
+        .training(lr=LR, clip_eps_low=EPS, clip_eps_high=EPS, **training)
+    )
+    vocab_size = AutoConfig.from_pretrained(model_dir).vocab_size
+    return config.build_learner(spaces={DEFAULT_MODULE_ID: placeholder_spaces(vocab_size)})
+
+
+def module_of(learner: ARPOTorchLearner):
+    return learner.module[DEFAULT_MODULE_ID]
+
+
+def training_batch(learner: ARPOTorchLearner, seed: int = 0) -> dict[str, torch.Tensor]:
+    """ROWS padded by ``pad_rows``, random token ids; old log-probs = current log-probs + N(0, 0.3^2)
+    noise on trained tokens, so ratios r = exp(-noise) are near 1 and some get clipped."""
+    rng = np.random.default_rng(seed)
+    vocab_size = module_of(learner).model.config.vocab_size
+    rows, advantages = [], []
+    for prompt_length, mask, advantage in ROWS:
+        n = len(mask)
+        rows.append(
+            TrajectoryRow(
+                prompt_ids=rng.integers(1, vocab_size, prompt_length),
+                response_ids=rng.integers(1, vocab_size, n),
+                loss_mask=np.asarray(mask, dtype=np.float32),
+                old_logprobs=np.zeros(n, dtype=np.float32),
+                entropies=np.zeros(n, dtype=np.float32),
+                segment_ids=np.zeros(n, dtype=np.int64),
+            )
+        )
+        advantages.append(np.full(n, advantage, dtype=np.float32))
+    batch = {k: torch.from_numpy(v) for k, v in pad_rows(rows, advantages, pad_token_id=0).items()}
+    with torch.no_grad():
+        logprobs = module_of(learner).forward_train(batch)["logprobs"]
+    noise = torch.from_numpy(rng.normal(0.0, 0.3, logprobs.shape).astype(np.float32))
+    batch["old_logprobs"] = torch.where(batch["loss_mask"] > 0, logprobs + noise, torch.zeros_like(logprobs))
+    return batch
+
+
+def gradients(learner: ARPOTorchLearner, batch: dict[str, torch.Tensor], **training) -> dict[str, torch.Tensor]:
+    """Parameter gradients of the learner's (micro-batched) loss on ``batch``; no optimizer step."""
+    config = learner.config.copy(copy_frozen=False).training(**training)
+    module = module_of(learner)
+    module.zero_grad(set_to_none=True)
+    learner._accumulate_gradients(DEFAULT_MODULE_ID, config, batch)
+    return {name: p.grad.clone() for name, p in module.named_parameters()}
+
+
+@pytest.fixture(scope="module")
+def learner(model_dir) -> ARPOTorchLearner:
+    return build_learner(model_dir)
+
+
+@pytest.mark.parametrize("policy_loss", ["ppo_clip", "sg_clip", "cispo"])
+def test_loss_ignores_tokens_outside_the_loss_mask(learner, policy_loss):
+    batch = training_batch(learner)
+    untrained = batch["loss_mask"] == 0  # tool results, prompt targets, padding
+    perturbed = dict(batch)
+    perturbed["advantages"] = torch.where(untrained, batch["advantages"] + 100.0, batch["advantages"])
+    perturbed["old_logprobs"] = torch.where(untrained, batch["old_logprobs"] - 3.0, batch["old_logprobs"])
+
+    reference = gradients(learner, batch, policy_loss=policy_loss)
+    assert all(torch.equal(reference[k], g) for k, g in gradients(learner, perturbed, policy_loss=policy_loss).items())
+
+    # the comparison is sensitive: the same change on the *trained* tokens changes the gradient
+    trained_change = dict(batch)
+    trained_change["advantages"] = torch.where(untrained, batch["advantages"], batch["advantages"] + 100.0)
+    changed = gradients(learner, trained_change, policy_loss=policy_loss)
+    assert not all(torch.equal(reference[k], g) for k, g in changed.items())
+
+
+@pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean"])
+def test_micro_batches_give_the_whole_batch_gradient(learner, loss_agg_mode):
+    batch = training_batch(learner)
+    whole = gradients(learner, batch, loss_agg_mode=loss_agg_mode, micro_batch_size=8)  # 5 rows: one chunk
+    for micro_batch_size in (1, 2):  # 5 chunks of 1 row; chunks of 2, 2, 1 rows
+        split = gradients(learner, batch, loss_agg_mode=loss_agg_mode, micro_batch_size=micro_batch_size)
+        for name, grad in whole.items():
+            torch.testing.assert_close(split[name], grad, atol=1e-5, rtol=0, msg=name)
+
+
+def test_bf16_state_moves_as_torch_tensors_into_an_engine(model_dir):
+    learner = build_learner(model_dir, dtype="bfloat16")
+    with torch.no_grad():  # move the module away from the saved weights the engine will load
+        for param in module_of(learner).parameters():
+            param.add_(0.5)
+
+    state = learner.get_state(components="rl_module/default_policy")["rl_module"][DEFAULT_MODULE_ID]
+    assert state and all(isinstance(v, torch.Tensor) and v.dtype == torch.bfloat16 for v in state.values())
+
+    engine = HFEngine.from_pretrained(model_dir)  # as the EnvRunner builds it: the saved float32 weights
+    weights = hf_state_dict(state)
+    engine_weights = engine.model.state_dict()
+    assert weights.keys() == engine_weights.keys()
+    assert not torch.equal(engine_weights["model.norm.weight"], weights["model.norm.weight"].float())
+
+    engine.update_weights(weights, version=3)
+    assert engine.weights_version == 3
+    for name, value in engine.model.state_dict().items():
+        assert value.dtype == torch.float32
+        assert torch.equal(value, weights[name].float()), name  # bf16 -> float32 is exact
+
+
+def test_update_changes_weights_and_reports_metrics(model_dir):
+    learner = build_learner(model_dir)
+    batch = training_batch(learner)
+    expected_grad_norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in gradients(learner, batch).values()]))
+    trained = batch["loss_mask"] > 0
+    module = module_of(learner)
+    with torch.no_grad():
+        logprobs = module.forward_train(batch)["logprobs"]
+    ratio = torch.exp(logprobs - batch["old_logprobs"])
+    advantages = batch["advantages"]
+    clipped = ((advantages > 0) & (ratio > 1 + EPS)) | ((advantages < 0) & (ratio < 1 - EPS))
+    expected_clip_fraction = clipped[trained].float().mean().item()
+    assert 0 < expected_clip_fraction < 1  # the noise clips some tokens, not all
+
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    numpy_batch = SampleBatch({k: v.numpy() for k, v in batch.items()})
+    results = learner.update(batch=MultiAgentBatch({DEFAULT_MODULE_ID: numpy_batch}, env_steps=int(trained.sum())))
+
+    after = module.state_dict()
+    assert all(not torch.equal(before[k], after[k]) for k in before)
+    # AdamW's first step moves each weight by lr * g / (|g| + eps_adam) <= lr, ~lr where |g| >> 1e-8
+    largest_step = max(float((after[k] - before[k]).abs().max()) for k in before)
+    assert largest_step == pytest.approx(LR, rel=1e-3)
+
+    assert results["grad_norm"].peek() == pytest.approx(float(expected_grad_norm), rel=1e-5)
+    module_metrics = results[DEFAULT_MODULE_ID]
+    assert module_metrics["clip_fraction"].peek() == pytest.approx(expected_clip_fraction, abs=1e-6)

@@ -1,0 +1,265 @@
+"""TreeRollout driven by a scripted engine, a character-level tokenizer and a stub search tool.
+
+The engine's reply to a prefix depends only on how many tool results the prefix already holds
+(round r of a path gets ``script[r]``), so every tree below can be traced by hand. Entropies are
+binary fractions (0.25, 0.5, 0.75, 1.0) so window means and deltas are exact.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+
+from rllib_arpo.core.tree import RolloutTree, SegmentKind
+from rllib_arpo.rollout.engine import Generation, SamplingParams
+from rllib_arpo.rollout.tree_rollout import RolloutSettings, TreeRollout
+from rllib_arpo.tools.base import ToolExecutor
+
+WINDOW = 4  # k: entropy window of every test
+SEARCH_CALL = "<search>q</search>"  # 18 characters = 18 tokens
+TOOL_RESULT = " <result>R:q</result>"  # what the rollout appends for the stub's answer "R:q" (21 tokens)
+ANSWER = "<answer>7</answer>"
+LOGPROB = -0.5
+
+
+class CharTokenizer:
+    """One token per character: its code point."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, token_ids: list[int]) -> str:
+        return "".join(chr(t) for t in token_ids)
+
+
+TOKENIZER = CharTokenizer()
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What the engine writes in one round: the first ``WINDOW`` tokens get ``entropy``, later
+    tokens ``tail_entropy`` (to check that only the window counts)."""
+
+    text: str
+    entropy: float
+    finish_reason: str = "stop"
+    tail_entropy: float = 0.0
+
+
+class ScriptedEngine:
+    """Replies ``script[r]`` to a prefix holding r tool results (the last turn repeats);
+    honours ``max_new_tokens`` like a real engine and records every call."""
+
+    def __init__(self, script: list[Turn]):
+        self.script = script
+        self.tokenizer = TOKENIZER
+        self.weights_version = 0
+        self.calls: list[tuple[list[list[int]], SamplingParams]] = []
+
+    def generate(self, prefixes, params: SamplingParams) -> list[Generation]:
+        self.calls.append(([list(p) for p in prefixes], params))
+        generations = []
+        for prefix in prefixes:
+            rounds = TOKENIZER.decode(prefix).count("</result>")
+            turn = self.script[min(rounds, len(self.script) - 1)]
+            ids = TOKENIZER.encode(turn.text)
+            entropies = [turn.entropy if t < WINDOW else turn.tail_entropy for t in range(len(ids))]
+            reason = turn.finish_reason
+            if len(ids) > params.max_new_tokens:
+                ids, entropies, reason = ids[: params.max_new_tokens], entropies[: params.max_new_tokens], "length"
+            generations.append(Generation(ids, [LOGPROB] * len(ids), entropies, reason))
+        return generations
+
+    def update_weights(self, state, version: int) -> None:
+        self.weights_version = version
+
+
+class StubSearch:
+    name = "search"
+
+    def __call__(self, query: str) -> str:
+        return f"R:{query}"
+
+
+class FixedBranching:
+    """Always (or never) branches; records the dH_t values it was asked about."""
+
+    def __init__(self, branch: bool):
+        self.branch = branch
+        self.deltas: list[float] = []
+
+    def should_branch(self, delta_entropy, consecutive_branches=0, rng=None) -> bool:
+        self.deltas.append(delta_entropy)
+        return self.branch
+
+
+# a search call in round 0 (H = 0.25), then an answer after the result (H = 0.75): dH = 0.5
+SEARCH_THEN_ANSWER = [Turn(SEARCH_CALL, 0.25), Turn(ANSWER, 0.75, "eos")]
+
+
+@pytest.fixture
+def tools():
+    with ToolExecutor({"search": StubSearch()}, max_workers=2, timeout_s=5.0) as executor:
+        yield executor
+
+
+def rollout(script, tools, branch: bool, **settings) -> tuple[ScriptedEngine, FixedBranching, TreeRollout]:
+    engine = ScriptedEngine(script)
+    policy = FixedBranching(branch)
+    settings = {"entropy_window": WINDOW, "max_response_tokens": 200, **settings}
+    return engine, policy, TreeRollout(engine, tools, policy, RolloutSettings(**settings))
+
+
+def children(tree: RolloutTree, parent: int | None) -> list[int]:
+    return [i for i, s in enumerate(tree.segments) if s.parent == parent]
+
+
+def test_always_branch_forks_from_the_tool_segment_within_budget(tools):
+    engine, policy, runner = rollout(
+        SEARCH_THEN_ANSWER, tools, branch=True, initial_rollouts=2, total_rollouts=4, branch_factor=2
+    )
+    prompt = TOKENIZER.encode("Q?")
+    (tree,), stats = runner.run([prompt], seed=0)
+
+    # N = 2 paths, each forks Z - 1 = 1 child after its search result: M - N = 2 branches
+    assert tree.num_trajectories == 4
+    assert stats.branches == 2
+    assert tree.finish_reasons == ["eos"] * 4
+    # the policy is asked once per initial path; the children find the budget spent
+    assert policy.deltas == [0.5, 0.5]  # 0.75 - 0.25
+    assert stats.delta_entropies == [0.5] * 4  # measured for the children too
+
+    tool_segments = [i for i, s in enumerate(tree.segments) if s.kind is SegmentKind.TOOL]
+    assert len(tool_segments) == 2
+    for t in tool_segments:
+        segment = tree.segments[t]
+        assert segment.token_ids == TOKENIZER.encode(TOOL_RESULT)
+        assert segment.tool_name == "search"
+        assert segment.logprobs is None
+        assert tree.segments[segment.parent].token_ids == TOKENIZER.encode(SEARCH_CALL)
+        # the initial path's answer and the forked child's answer both hang below the result
+        below = children(tree, t)
+        assert len(below) == 2
+        assert all(tree.segments[c].token_ids == TOKENIZER.encode(ANSWER) for c in below)
+    assert len(children(tree, None)) == 2  # only N paths start at the prompt
+    assert tree.num_branch_points() == 3  # the prompt and both tool results
+
+    rows = tree.to_rows()
+    expected = TOKENIZER.encode(SEARCH_CALL + TOOL_RESULT + ANSWER)
+    for row in rows:
+        assert row.response_ids.tolist() == expected
+        # 18 model tokens, 21 masked tool tokens, 18 model tokens
+        assert row.loss_mask.tolist() == [1.0] * 18 + [0.0] * 21 + [1.0] * 18
+        assert row.old_logprobs.tolist() == [LOGPROB] * 18 + [0.0] * 21 + [LOGPROB] * 18
+
+    # round 1: 2 prompts; round 2: 2 paths after their results; round 3: the 2 children
+    assert [len(prefixes) for prefixes, _ in engine.calls] == [2, 2, 2]
+    assert engine.calls[0][0] == [prompt, prompt]
+    assert engine.calls[2][0] == [prompt + TOKENIZER.encode(SEARCH_CALL + TOOL_RESULT)] * 2
+    assert engine.calls[0][1].stop_strings == ("</search>",)
+    assert stats.rounds == 3
+
+
+def test_never_branch_tops_up_with_fresh_trajectories_from_the_prompt(tools):
+    _, policy, runner = rollout(
+        SEARCH_THEN_ANSWER, tools, branch=False, initial_rollouts=2, total_rollouts=4, branch_factor=2
+    )
+    trees, stats = runner.run([TOKENIZER.encode("Q1"), TOKENIZER.encode("Q2")], seed=0)
+
+    assert stats.branches == 0
+    assert policy.deltas == [0.5] * 4  # N = 2 initial paths of each of the 2 prompts
+    for tree in trees:
+        assert tree.num_trajectories == 4
+        # 2 initial + (M - 2) = 2 fresh trajectories, every one starting at the prompt
+        roots = children(tree, None)
+        assert len(roots) == 4
+        assert all(tree.segments[r].token_ids == TOKENIZER.encode(SEARCH_CALL) for r in roots)
+        # no tool result has more than one continuation
+        tool_segments = [i for i, s in enumerate(tree.segments) if s.kind is SegmentKind.TOOL]
+        assert [len(children(tree, t)) for t in tool_segments] == [1, 1, 1, 1]
+    assert trees[1].prompt_ids == TOKENIZER.encode("Q2")
+    # search+result round, answer round, then the same two rounds for the fresh paths
+    assert stats.rounds == 4
+
+
+def test_tool_calls_stop_at_max_tool_calls(tools):
+    forever = [Turn(SEARCH_CALL, 0.25)]
+    _, _, runner = rollout(forever, tools, branch=False, initial_rollouts=1, total_rollouts=1, max_tool_calls=2)
+    (tree,), stats = runner.run([TOKENIZER.encode("Q")], seed=0)
+
+    assert tree.num_trajectories == 1
+    assert tree.finish_reasons == ["max_tool_calls"]
+    assert stats.finish_reasons == {"max_tool_calls": 1}
+    assert tree.tool_calls(0) == {"search": 2}
+    # call, result, call, result, call (the third call is not run)
+    kinds = [tree.segments[s].kind for s in tree.trajectory_segments(0)]
+    assert kinds == [SegmentKind.MODEL, SegmentKind.TOOL] * 2 + [SegmentKind.MODEL]
+
+
+def test_response_budget_truncates_with_length(tools):
+    long_answer = [Turn(SEARCH_CALL, 0.25), Turn("x" * 20, 0.5, "eos")]
+    # budget 48: 18 (call) + 21 (result) = 39 used, so the answer is cut to 48 - 39 = 9 tokens
+    engine, _, runner = rollout(long_answer, tools, branch=False, initial_rollouts=1, total_rollouts=1,
+                                max_response_tokens=48)
+    (tree,), stats = runner.run([TOKENIZER.encode("Q")], seed=0)
+    assert tree.finish_reasons == ["length"]
+    assert engine.calls[1][1].max_new_tokens == 9
+    assert tree.trajectory_response_ids(0) == TOKENIZER.encode(SEARCH_CALL + TOOL_RESULT + "x" * 9)
+
+    # budget 30: the call fits (18) but its result would not (18 + 21 = 39 >= 30)
+    _, _, runner = rollout(long_answer, tools, branch=False, initial_rollouts=1, total_rollouts=1,
+                           max_response_tokens=30)
+    (tree,), stats = runner.run([TOKENIZER.encode("Q")], seed=0)
+    assert tree.finish_reasons == ["length"]
+    assert [s.kind for s in tree.segments] == [SegmentKind.MODEL]  # no tool segment appended
+    assert stats.finish_reasons == {"length": 1}
+
+
+def test_entropy_delta_uses_the_segment_after_the_current_tool_result(tools):
+    # round 0: H_initial = mean of the first k = 4 tokens = 0.25 (the tail's 1.0 is outside the window)
+    # round 1 (after result 1): H_1 = 0.5  -> dH_1 = 0.5 - 0.25 = 0.25
+    # round 2 (after result 2): H_2 = 1.0  -> dH_2 = 1.0 - 0.25 = 0.75
+    # A one-round lag (entropy of the segment before the result) would give [0.0, 0.25].
+    script = [
+        Turn(SEARCH_CALL, 0.25, tail_entropy=1.0),
+        Turn(SEARCH_CALL, 0.5, tail_entropy=0.0),
+        Turn(ANSWER, 1.0, "eos", tail_entropy=0.0),
+    ]
+    # N = 1, M = 2, never branching: the initial path, then one fresh (non-branching) path
+    _, policy, runner = rollout(script, tools, branch=False, initial_rollouts=1, total_rollouts=2, max_tool_calls=3)
+    (tree,), stats = runner.run([TOKENIZER.encode("Q")], seed=0)
+    assert policy.deltas == [0.25, 0.75]  # asked for the initial path only
+    assert stats.delta_entropies == [0.25, 0.75] * 2
+    assert tree.finish_reasons == ["eos", "eos"]
+    # the first segment stores every token's entropy, not just the window
+    assert tree.segments[0].entropies == [0.25] * WINDOW + [1.0] * (18 - WINDOW)
+
+
+def test_aepo_pre_monitoring_probes_then_samples_m_minus_one_more(tools):
+    # the probe: H_root = 0.25 (first segment), mean H_tool = 0.75 (its one post-tool segment)
+    # m = clamp(floor(M * sigmoid(b * (H_root - H_tool))) + 1, 1, M), M = 4, b = 1
+    #   = floor(4 / (1 + e^0.5)) + 1 = floor(4 * 0.3775) + 1 = floor(1.51) + 1 = 2
+    m = math.floor(4 / (1 + math.exp(0.5))) + 1
+    assert m == 2
+    engine, policy, runner = rollout(
+        SEARCH_THEN_ANSWER, tools, branch=True, total_rollouts=4, initial_rollouts=1, branch_factor=2,
+        aepo_pre_monitoring=True, aepo_sensitivity=1.0,
+    )
+    prompt = TOKENIZER.encode("Q")
+    (tree,), stats = runner.run([prompt], seed=0)
+
+    assert tree.num_trajectories == 4
+    # the probe alone first (2 rounds), then m - 1 = 1 more global path
+    assert [len(prefixes) for prefixes, _ in engine.calls[:3]] == [1, 1, 1]
+    assert engine.calls[2][0] == [prompt]
+    assert len(children(tree, None)) == m
+    # the remaining M - m = 2 trajectories are branches of the second global path
+    assert stats.branches == 4 - m
+    (tool_of_probe, tool_of_second) = [i for i, s in enumerate(tree.segments) if s.kind is SegmentKind.TOOL]
+    assert len(children(tree, tool_of_probe)) == 1  # the probe never branches (no budget yet)
+    assert len(children(tree, tool_of_second)) == 3  # its own answer + 2 forked children
+    # the probe's dH is measured but the policy is asked only once the budget exists
+    assert stats.delta_entropies == [0.5] * 4
+    assert policy.deltas == [0.5, 0.5]  # second path (branches), then its first child (branches again)
