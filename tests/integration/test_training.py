@@ -75,3 +75,18 @@ def test_tune_grid_over_tau_runs_two_trials(ray_session, small_config, tmp_path)
     assert not results.errors
     assert sorted(r.config["tau"] for r in results) == [0.3, 0.7]
     assert all(r.metrics["training_iteration"] == 1 for r in results)
+
+
+def test_bfloat16_policy_syncs_to_a_remote_runner_without_numpy(ray_session, small_config):
+    config = small_config.policy(dtype="bfloat16").env_runners(num_env_runners=1).training(weight_decay=0.5)
+    algo = config.build_algo()
+    try:
+        algo.train()
+        learner = learner_weights(algo)
+        [(version, weights)] = algo.env_runner_group.foreach_env_runner(runner_weights, local_env_runner=False)
+        assert version == 1
+        assert {t.dtype for t in weights.values()} == {torch.bfloat16}
+        for name, tensor in weights.items():
+            assert torch.equal(tensor, learner[name]), name
+    finally:
+        algo.stop()

@@ -19,14 +19,6 @@ PAD, EOS = 0, 1
 GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def tokenizer() -> PreTrainedTokenizerFast:
     backend = Tokenizer(models.WordLevel(VOCAB, unk_token="<pad>"))
