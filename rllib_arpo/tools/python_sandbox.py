@@ -1,57 +1,92 @@
-"""The ``python`` tool: runs the model's code in a fresh, resource-limited interpreter.
+"""The ``python`` tool: runs the model's code in a fresh, resource-limited, isolated interpreter.
 
-Each call:
+Each call starts ``sys.executable -I -u`` (isolated mode: no ``PYTHON*`` variables, no user
+site-packages; unbuffered, so output printed before a timeout is kept) with a small runner
+that receives the code on stdin and then:
 
-- writes the code to ``main.py`` in a private temporary directory (the working directory of
-  the run, removed afterwards) and runs it with ``sys.executable -I -u`` (isolated mode: no
-  ``PYTHON*`` variables, no user site-packages; unbuffered, so output printed before a timeout
-  is kept);
-- gives the child an empty environment apart from ``PATH``, ``LANG``, ``HOME``/``TMPDIR``
-  (the private directory) and ``OMP_NUM_THREADS=1``: nothing of the parent's environment leaks;
-- sets resource limits in the child before the code runs: CPU seconds (``ceil(timeout_s)``),
-  address space, number of processes and file size;
-- starts the child in a new session and kills its whole process group at the wall-clock
-  timeout and after every run (background children included);
-- keeps the first ``max_output_chars`` characters of stdout and the end of stderr, reading
-  both pipes with a bound, so a program that prints forever costs no memory;
-- prints the value of the last statement like the interactive interpreter when that statement
-  is an expression (``3 * 7`` gives ``21``; ``None`` prints nothing);
-- answers errors with the last ``traceback_lines`` lines of the traceback.
+- sets resource limits: CPU seconds (``ceil(timeout_s) + 1``, a backstop behind the wall-clock
+  deadline), address space, number of processes and file size;
+- keeps only ``PATH``, ``LANG`` and ``OMP_NUM_THREADS`` of its environment and points ``HOME`` and
+  ``TMPDIR`` at its private working directory: nothing of the parent's environment leaks;
+- writes the code to ``main.py`` in that directory and runs it, printing the value of the last
+  statement like the interactive interpreter when it is an expression (``3 * 7`` gives ``21``;
+  ``None`` prints nothing); errors answer with the last ``traceback_lines`` lines of the
+  traceback.
+
+The parent starts the child in a new session, reads at most ``4 * max_output_chars`` bytes of
+stdout and the tail of stderr (the rest is read and dropped, so printing forever costs no
+memory), and kills the whole process group at the wall-clock timeout and after every run.
+
+Isolation. Where the OS allows it (root, or ``CAP_SYS_ADMIN``; detected once per process),
+the child runs under ``unshare --net --pid --fork --kill-child --mount-proc``:
+
+- no network: a fresh network namespace has only a loopback interface, which is down;
+- a PID namespace: the runner is its init (PID 1), so when it dies the kernel kills everything
+  in the namespace, daemons started with ``setsid`` included; ``/proc`` shows only the
+  namespace, so neither the parent's ``/proc/<pid>/environ`` nor its pid is reachable;
+- a mount namespace: fresh tmpfs on ``/tmp``, ``/var/tmp`` and ``/dev/shm`` (the working
+  directory lives there and vanishes with the namespace) and on ``/root``, hiding root's home;
+  the Python installation is bound back read-only when it lives under ``/root``;
+- when the parent is root, the runner drops to uid/gid 65534 (``nobody``) after the mounts:
+  the rest of the file system is then read-only to it, and ``RLIMIT_NPROC`` (which the kernel
+  does not enforce for root) caps the processes of that user. The cap counts all processes of
+  uid 65534 on the machine, so concurrent sandboxes share it.
+
+Elsewhere the tool warns once and runs the same runner as a plain subprocess with the limits
+above in a host temporary directory (removed afterwards), without file system, network or
+PID isolation (a daemon that calls ``setsid`` escapes the process-group kill there).
 
 The limits are set by the child itself rather than in a ``preexec_fn``: the executor calls
-tools from threads, and ``preexec_fn`` is not safe in a threaded parent. ``RLIMIT_NPROC``
-counts all processes of the user and is not enforced for root. This sandbox does not isolate
-the file system or the network; namespaces come on top of it.
+tools from threads, and ``preexec_fn`` is not safe in a threaded parent.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import os
+import secrets
 import selectors
+import shlex
 import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
-from pathlib import Path
+import warnings
 
 from rllib_arpo.tools.base import register_tool
 
-# Runs in the child: limits first, then the code, echoing the last expression's value.
+# Runs in the child: reads the code, sets the limits, leaves root, enters its working
+# directory, then runs the code, echoing the last expression's value.
 _RUNNER = """\
-import ast, resource, sys, traceback
+import ast, os, resource, sys, traceback
 
-cpu_s, memory_bytes, max_processes, max_file_bytes = map(int, sys.argv[1:5])
+cpu_s, memory_bytes, max_processes, max_file_bytes, uid = map(int, sys.argv[1:6])
+workdir = sys.argv[6]
+code = sys.stdin.buffer.read()
+os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
 for limit, value in ((resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_AS, memory_bytes),
                      (resource.RLIMIT_NPROC, max_processes), (resource.RLIMIT_FSIZE, max_file_bytes)):
     resource.setrlimit(limit, (value, value))
+if uid >= 0:
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+os.makedirs(workdir, mode=0o700, exist_ok=True)
+os.chdir(workdir)
+kept = {name: os.environ[name] for name in ("PATH", "LANG", "OMP_NUM_THREADS")}
+os.environ.clear()
+os.environ.update(kept, HOME=workdir, TMPDIR=workdir)
+with open("main.py", "wb") as file:
+    file.write(code)
 sys.argv = ["main.py"]
 namespace = {"__name__": "__main__", "__builtins__": __builtins__}
 try:
-    with open("main.py", encoding="utf-8") as file:
-        module = ast.parse(file.read(), "main.py")
+    module = ast.parse(code, "main.py")
     last = module.body.pop() if module.body and isinstance(module.body[-1], ast.Expr) else None
     exec(compile(module, "main.py", "exec"), namespace)
     if last is not None:
@@ -66,11 +101,17 @@ except Exception as error:
 
 _READ_CHUNK_BYTES = 1 << 16
 _EXIT_POLL_S = 0.1
+_SANDBOX_UID = 65534  # nobody
+_TMPFS_MB = 64
+_PRIVATE_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 
 
 @register_tool("python")
 class PythonTool:
-    """Executes Python code and answers with what it printed (see the module docstring)."""
+    """Executes Python code and answers with what it printed (see the module docstring).
+
+    ``isolate=False`` skips the namespaces even where they are available.
+    """
 
     name: str
 
@@ -82,6 +123,7 @@ class PythonTool:
         max_processes: int = 32,
         max_file_size_mb: int = 16,
         traceback_lines: int = 5,
+        isolate: bool = True,
     ) -> None:
         self.timeout_s = timeout_s
         self.max_output_chars = max_output_chars
@@ -89,39 +131,52 @@ class PythonTool:
         self.max_processes = max_processes
         self.max_file_size_mb = max_file_size_mb
         self.traceback_lines = traceback_lines
+        self.isolate = isolate
 
     def __call__(self, code: str) -> str:
-        with tempfile.TemporaryDirectory(prefix="python-tool-", ignore_cleanup_errors=True) as workdir:
-            Path(workdir, "main.py").write_text(textwrap.dedent(code), encoding="utf-8")
-            stdout, stderr, returncode = self._execute(workdir)
+        with contextlib.ExitStack() as stack:
+            if self.isolate and namespaces_available():
+                prefix = _namespace_command()
+                workdir = f"/tmp/python-tool-{secrets.token_hex(8)}"  # in the namespace's own /tmp
+                uid = _SANDBOX_UID if os.geteuid() == 0 else -1
+            else:
+                prefix = []
+                workdir = stack.enter_context(
+                    tempfile.TemporaryDirectory(prefix="python-tool-", ignore_cleanup_errors=True)
+                )
+                uid = -1
+            limits = (
+                math.ceil(self.timeout_s) + 1,  # CPU seconds: a backstop; the wall-clock deadline comes first
+                self.memory_limit_mb << 20,
+                self.max_processes,
+                self.max_file_size_mb << 20,
+                uid,
+            )
+            command = [*prefix, sys.executable, "-I", "-u", "-c", _RUNNER, *map(str, limits), workdir]
+            stdout, stderr, returncode = self._execute(command, textwrap.dedent(code).encode("utf-8"))
         return self._format(stdout, stderr, returncode)
 
-    def _execute(self, workdir: str) -> tuple[bytes, bytes, int | None]:
-        """Runs ``main.py`` in ``workdir``; returns (stdout head, stderr tail, exit code; None on timeout)."""
-        limits = (
-            math.ceil(self.timeout_s) + 1,  # CPU seconds: a backstop; the wall-clock deadline comes first
-            self.memory_limit_mb << 20,
-            self.max_processes,
-            self.max_file_size_mb << 20,
-        )
+    def _execute(self, command: list[str], code: bytes) -> tuple[bytes, bytes, int | None]:
+        """Runs ``command`` with ``code`` on stdin; returns (stdout head, stderr tail, exit code; None on timeout)."""
         environment = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "LANG": "C.UTF-8",
-            "HOME": workdir,
-            "TMPDIR": workdir,
             "OMP_NUM_THREADS": "1",  # BLAS thread pools would run into RLIMIT_NPROC
         }
         deadline = time.monotonic() + self.timeout_s
         with subprocess.Popen(
-            [sys.executable, "-I", "-u", "-c", _RUNNER, *map(str, limits)],
-            cwd=workdir,
+            command,
+            cwd="/",
             env=environment,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
         ) as process:
             try:
+                with contextlib.suppress(BrokenPipeError):  # the child may die before reading it all
+                    process.stdin.write(code)
+                    process.stdin.close()
                 stdout, stderr, timed_out = _read_bounded(process, 4 * self.max_output_chars, deadline)
                 returncode = None if timed_out else process.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:  # the pipes closed, but the process kept running
@@ -147,6 +202,57 @@ class PythonTool:
         else:
             error = ""
         return "\n".join(part for part in (output, error) if part)
+
+
+def _mount_script() -> str:
+    """Shell run as root in the new namespaces before the runner: private mounts, then ``exec "$@"``."""
+    lines = ["set -e"]
+    for directory in _PRIVATE_TMP_DIRS:
+        lines.append(
+            f"if [ -d {directory} ]; then mount -t tmpfs -o size={_TMPFS_MB}m,mode=1777 tmpfs {directory}; fi"
+        )
+    python_homes = sorted(home for home in {sys.base_prefix, sys.prefix} if home.startswith("/root/"))
+    for index, home in enumerate(python_homes):  # park them in /tmp while /root is replaced
+        lines.append(f"mkdir /tmp/.python{index} && mount --bind -o ro {shlex.quote(home)} /tmp/.python{index}")
+    lines.append("mount -t tmpfs -o size=1m,mode=755 tmpfs /root")
+    for index, home in enumerate(python_homes):
+        lines.append(f"mkdir -p {shlex.quote(home)} && mount --move /tmp/.python{index} {shlex.quote(home)}")
+        lines.append(f"rmdir /tmp/.python{index}")
+    lines.append('exec "$@"')
+    return "\n".join(lines)
+
+
+@functools.cache
+def _namespace_command() -> list[str]:
+    """The command prefix that runs the rest of the command line in fresh namespaces."""
+    unshare = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc"]
+    return [*unshare, "sh", "-c", _mount_script(), "sh"]
+
+
+_probe_lock = threading.Lock()
+
+
+def namespaces_available() -> bool:
+    """Whether this process may create the sandbox's namespaces; probed once, warns once if not."""
+    with _probe_lock:
+        return _probe_namespaces()
+
+
+@functools.cache
+def _probe_namespaces() -> bool:
+    try:
+        probe = subprocess.run([*_namespace_command(), "true"], capture_output=True, timeout=30)
+        refusal = probe.stderr.decode(errors="replace").strip() if probe.returncode else ""
+    except (OSError, subprocess.TimeoutExpired) as error:
+        refusal = str(error)
+    if refusal:
+        warnings.warn(
+            f"python tool: namespaces unavailable ({refusal[:200]}); running code in a plain "
+            "subprocess with resource limits only, without file system, network or PID isolation",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return not refusal
 
 
 def _read_bounded(
