@@ -34,7 +34,10 @@ Backends (``SEARCH_BACKENDS``), each built once per tool instance:
 from __future__ import annotations
 
 import http.client
+import hashlib
 import json
+import shutil
+import tempfile
 import logging
 import os
 import re
@@ -87,19 +90,40 @@ def split_pages(text: str) -> list[str]:
     return [page.rstrip("\n") for page in _PAGE_PREFIX.split(text)[1:]]
 
 
+def _index_path(index_cache_dir: str | Path, documents: Sequence[str]) -> Path:
+    """``<index_cache_dir>/bm25-<hash>``: the hash covers the documents and the bm25s version."""
+    digest = hashlib.sha256(bm25s.__version__.encode())
+    for document in documents:
+        digest.update(document.encode("utf-8") + b"\0")
+    directory = Path(index_cache_dir).expanduser()
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory / f"bm25-{digest.hexdigest()[:24]}"
+
+
 class BM25Backend:
     """BM25 over a fixed list of documents (whitespace inside each document collapsed to single spaces)."""
 
-    def __init__(self, documents: Sequence[str]) -> None:
+    def __init__(self, documents: Sequence[str], index_cache_dir: str | Path | None = None) -> None:
         if not documents:
             raise ValueError("the BM25 corpus is empty")
         self.documents = [" ".join(document.split()) for document in documents]
+        cached = _index_path(index_cache_dir, self.documents) if index_cache_dir else None
+        if cached is not None and cached.is_dir():
+            self._retriever = bm25s.BM25.load(str(cached))
+            return
         self._retriever = bm25s.BM25()
         corpus_tokens = bm25s.tokenize(self.documents, stopwords="en", show_progress=False)
         self._retriever.index(corpus_tokens, show_progress=False)
+        if cached is not None:  # write beside, then rename: concurrent builders never see half an index
+            staging = Path(tempfile.mkdtemp(dir=cached.parent, prefix=".building-"))
+            self._retriever.save(str(staging))
+            try:
+                staging.rename(cached)
+            except OSError:  # another process finished first; its index is the same
+                shutil.rmtree(staging, ignore_errors=True)
 
     @classmethod
-    def from_file(cls, path: str | Path) -> BM25Backend:
+    def from_file(cls, path: str | Path, index_cache_dir: str | Path | None = None) -> BM25Backend:
         """Reads a JSONL corpus: one ``{"text": ..., "title": ... (optional)}`` object a line."""
         documents = []
         with open(path, encoding="utf-8") as file:
@@ -108,7 +132,7 @@ class BM25Backend:
                     record = json.loads(line)
                     title = record.get("title")
                     documents.append(f"{title} - {record['text']}" if title else record["text"])
-        return cls(documents)
+        return cls(documents, index_cache_dir)
 
     def __call__(self, query: str, top_k: int) -> list[str]:
         query_tokens = bm25s.tokenize([query], stopwords="en", show_progress=False)
@@ -121,16 +145,16 @@ class BM25Backend:
 class CacheBackend:
     """Replays cached answers by exact query; a miss falls back to BM25 over the cached snippets."""
 
-    def __init__(self, cache: Mapping[str, str]) -> None:
+    def __init__(self, cache: Mapping[str, str], index_cache_dir: str | Path | None = None) -> None:
         self.cache = dict(cache)
         snippets = dict.fromkeys(snippet for text in self.cache.values() for snippet in split_pages(text))
-        self.fallback = BM25Backend(list(snippets))
+        self.fallback = BM25Backend(list(snippets), index_cache_dir)
 
     @classmethod
-    def from_file(cls, path: str | Path) -> CacheBackend:
+    def from_file(cls, path: str | Path, index_cache_dir: str | Path | None = None) -> CacheBackend:
         """Reads a JSON object ``{query: answer text}`` such as ``search_cache.json``."""
         with open(path, encoding="utf-8") as file:
-            return cls(json.load(file))
+            return cls(json.load(file), index_cache_dir)
 
     def __call__(self, query: str, top_k: int) -> list[str]:
         if query in self.cache:
@@ -258,6 +282,8 @@ class SearchTool:
         top_k: results per query.
         max_chars_per_result: each snippet is cut to this many characters.
         max_total_chars: the whole answer is cut to this many characters (None: no budget).
+        index_cache_dir: where the ``bm25`` and ``cache`` backends keep built BM25 indexes on
+            disk, keyed by a hash of the documents (None: build in memory every time).
     """
 
     name: str
@@ -271,6 +297,7 @@ class SearchTool:
         top_k: int = 10,
         max_chars_per_result: int = 500,
         max_total_chars: int | None = None,
+        index_cache_dir: str | Path | None = None,
     ) -> None:
         if backend not in SEARCH_BACKENDS:
             raise ValueError(f"unknown search backend {backend!r}; available: {sorted(SEARCH_BACKENDS)}")
@@ -286,7 +313,9 @@ class SearchTool:
             if (corpus_path is None) == (documents is None):
                 raise ValueError("give exactly one of corpus_path and documents")
             self.backend = (
-                backend_class.from_file(corpus_path) if corpus_path is not None else backend_class(documents)
+                backend_class.from_file(corpus_path, index_cache_dir)
+                if corpus_path is not None
+                else backend_class(documents, index_cache_dir)
             )
         self.top_k = top_k
         self.max_chars_per_result = max_chars_per_result

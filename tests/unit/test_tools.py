@@ -325,3 +325,19 @@ def test_cache_miss_falls_back_to_bm25_over_the_cached_snippets(cache_tool, sear
     assert "Campfire Tales" in pages[0]
     cached_snippets = {snippet for text in search_cache.values() for snippet in split_pages(text)}
     assert all(snippet in cached_snippets for snippet in split_pages("\n".join(pages)))
+
+
+def test_bm25_index_is_cached_on_disk_and_reused(tmp_path, monkeypatch):
+    import bm25s
+
+    documents = ["Zorvath is a city. The population of Zorvath is 48213.", "Quelmir is a river.", "Brask is a mountain."]
+    first = SearchTool(documents=documents, top_k=1, index_cache_dir=tmp_path)
+    [index_dir] = [p for p in tmp_path.iterdir() if p.name.startswith("bm25-")]
+    built = sorted(p.name for p in index_dir.iterdir())
+    monkeypatch.setattr(bm25s.BM25, "index", lambda *a, **k: pytest.fail("the cached index was rebuilt"))
+    second = SearchTool(documents=documents, top_k=1, index_cache_dir=tmp_path)  # loads the saved index
+    assert second("population of Zorvath") == first("population of Zorvath") == f"Page 1: {documents[0]}"
+    assert sorted(p.name for p in index_dir.iterdir()) == built
+    monkeypatch.undo()
+    SearchTool(documents=documents[:2], top_k=1, index_cache_dir=tmp_path)  # other documents: another index
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith("bm25-")]) == 2
