@@ -57,6 +57,11 @@ class ARPOConfig(AlgorithmConfig):
     penalty, 0.05); ``max_tool_calls``, ``max_response_tokens``, ``max_tool_result_tokens``,
     ``temperature``, ``top_p``.
 
+    Held-out evaluation: ``held_out_interval`` (0 = off; else before the first update and after
+    every ``held_out_interval`` iterations), ``held_out_dataset`` (default: the ``tir_task``'s
+    ``test`` split), ``held_out_size`` (questions; None = all), ``held_out_temperature`` (0 =
+    greedy). Results land under ``evaluation/`` (accuracy, format errors, tool calls by tool).
+
     Reward (Sec. 3.4): ``format_penalty`` (-1), ``correctness`` (``auto`` | ``em`` | ``f1`` |
     ``math``), ``multi_tool_bonus`` [r_M] (0.1), ``multi_tool_set``.
 
@@ -101,6 +106,11 @@ class ARPOConfig(AlgorithmConfig):
         self.max_tool_result_tokens = 256
         self.temperature = 1.0
         self.top_p = 1.0
+        # held-out evaluation (before the first update, then every held_out_interval iterations)
+        self.held_out_dataset: dict[str, Any] | None = None  # None: the tir_task's "test" split
+        self.held_out_interval = 0
+        self.held_out_size: int | None = None
+        self.held_out_temperature = 0.0
         # reward
         self.format_penalty = -1.0
         self.correctness = "auto"
@@ -262,6 +272,8 @@ class ARPO(Algorithm):
 
     def training_step(self) -> None:
         cfg = self.config
+        if cfg.held_out_interval and self.iteration == 0:
+            self.evaluate_held_out(after_iteration=0)
         # 1. sample trajectory trees with rewards on every EnvRunner
         batches = self.env_runner_group.foreach_env_runner(
             lambda runner: runner.sample(), local_env_runner=cfg.num_env_runners == 0
@@ -306,6 +318,20 @@ class ARPO(Algorithm):
         self.metrics.log_value("weight_sync_s", time.perf_counter() - start, window=1)
         self.metrics.log_value("weights_version", self.weights_version, window=1)
         self.metrics.log_value("trained_tokens", num_tokens, window=1)
+        if cfg.held_out_interval and (self.iteration + 1) % cfg.held_out_interval == 0:
+            self.evaluate_held_out(after_iteration=self.iteration + 1)
+
+    def evaluate_held_out(self, after_iteration: int) -> None:
+        """Run the held-out split on one EnvRunner with the weights after ``after_iteration``
+        updates; log ``evaluation/*``."""
+        cfg = self.config
+        evaluate = lambda runner: runner.evaluate_held_out()  # noqa: E731
+        if cfg.num_env_runners == 0:
+            metrics = evaluate(self.env_runner)
+        else:
+            [metrics] = self.env_runner_group.foreach_env_runner(evaluate, local_env_runner=False, remote_worker_ids=[1])
+        for key, value in {**metrics, "after_iteration": after_iteration}.items():
+            self.metrics.log_value(("evaluation", key), value, window=1)
 
     def sync_policy_weights(self) -> None:
         """Send the learner's current weights to every EnvRunner as version ``weights_version + 1``."""

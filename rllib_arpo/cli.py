@@ -77,6 +77,7 @@ def train_file(path: str, stop: dict | None = None, storage_path: str | None = N
     from ray import tune
 
     from rllib_arpo.algorithm import TRAINABLES
+    from rllib_arpo.eval.report import write_report
 
     experiments = load_experiments(path, stop)
     failed = 0
@@ -107,6 +108,9 @@ def train_file(path: str, stop: dict | None = None, storage_path: str | None = N
                 f"iterations={metrics.get('training_iteration')} path={result.path}"
                 + (f" ERROR: {result.error}" if result.error else "")
             )
+            if result.path:
+                table, plot = write_report(result.path)
+                print(table + (f"\nplot: {plot}" if plot else ""))
     if ray.is_initialized():
         ray.shutdown()
     return 1 if failed else 0

@@ -1,16 +1,16 @@
-"""Build the tiny Qwen2 policy and its tokenizer from the embedded TIR task and save them.
+"""Build the tiny Qwen2 policy and its tokenizer from the embedded TIR task, warm-start it by SFT, and save them.
 
     python scripts/build_tiny_policy.py --out checkpoints/tiny_policy
 
 The directory is a standard ``save_pretrained`` directory (``AutoModelForCausalLM``,
-``AutoTokenizer``, vLLM).
+``AutoTokenizer``, vLLM). ``--sft-steps 0`` saves the random initialisation.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from rllib_arpo.models.tiny_policy import save_tiny_policy
+from rllib_arpo.models.tiny_policy import SFT_STEPS, save_tiny_policy
 
 
 def main() -> None:
@@ -25,6 +25,7 @@ def main() -> None:
     parser.add_argument("--intermediate-size", type=int, default=256)
     parser.add_argument("--max-position-embeddings", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0, help="seed of the random initial weights")
+    parser.add_argument("--sft-steps", type=int, default=SFT_STEPS, help="warm-start SFT steps (0: no SFT)")
     args = parser.parse_args()
     directory = save_tiny_policy(
         args.out,
@@ -37,6 +38,7 @@ def main() -> None:
         intermediate_size=args.intermediate_size,
         max_position_embeddings=args.max_position_embeddings,
         seed=args.seed,
+        sft_steps=args.sft_steps,
     )
     print(f"saved the tiny policy to {directory}")
 

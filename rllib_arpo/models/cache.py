@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 
 TINY_POLICY_NAME = "tiny"
+TINY_POLICY_DIRECTORY = "tiny_policy_v2"
+"""Versioned: v2 holds the warm-started policy, so a v1 (random initialisation) cache is never reused."""
 
 
 def cache_dir() -> Path:
@@ -19,7 +21,7 @@ def resolve_model_path(model_path: str) -> str:
     if model_path == TINY_POLICY_NAME:
         from rllib_arpo.models.tiny_policy import load_or_build_tiny_policy
 
-        directory = cache_dir() / "tiny_policy"
+        directory = cache_dir() / TINY_POLICY_DIRECTORY
         load_or_build_tiny_policy(directory)
         return str(directory)
     if not (Path(model_path) / "config.json").is_file():

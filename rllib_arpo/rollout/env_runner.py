@@ -83,6 +83,7 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         )
         self._seed = (cfg.seed or 0) * 1000 + (self.worker_index or 0)
         self._num_samples = 0
+        self._held_out = None
 
     # --- RLlib EnvRunner API --------------------------------------------------------------
     def sample(self, **kwargs) -> RolloutBatch:
@@ -146,6 +147,29 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         values.update(self.tools.pop_metrics())
         for key, value in values.items():
             self.metrics.log_value(key, float(value), window=1)
+
+    def evaluate_held_out(self) -> dict[str, float]:
+        """The held-out metrics of ``eval.evaluate.evaluate_policy`` with this runner's engine."""
+        from rllib_arpo.eval.evaluate import evaluate_policy
+
+        cfg = self.config
+        if self._held_out is None:
+            spec = cfg.held_out_dataset
+            if spec is None:
+                if cfg.dataset.get("type") != "tir_task":
+                    raise ValueError("held_out_interval > 0 needs held_out_dataset for this dataset")
+                spec = {**cfg.dataset, "split": "test"}
+            self._held_out = load_dataset(spec)[: cfg.held_out_size]
+        return evaluate_policy(
+            self.engine,
+            self._held_out,
+            self.tools,
+            temperature=cfg.held_out_temperature,
+            seed=cfg.seed or 0,
+            max_response_tokens=cfg.max_response_tokens,
+            max_tool_result_tokens=cfg.max_tool_result_tokens,
+            max_tool_calls=cfg.max_tool_calls,
+        )
 
     def get_metrics(self) -> dict:
         return self.metrics.reduce()

@@ -10,17 +10,21 @@ ray = pytest.importorskip("ray")
 @pytest.fixture(scope="session")
 def tiny_policy_cache(tmp_path_factory):
     """A cache directory holding the embedded tiny policy (what ``model_path: tiny`` resolves to)."""
+    from rllib_arpo.models.cache import TINY_POLICY_DIRECTORY
+    from rllib_arpo.models.tiny_policy import save_tiny_policy
+
     cache = tmp_path_factory.mktemp("rllib_arpo_cache")
     os.environ["RLLIB_ARPO_CACHE"] = str(cache)
-    from rllib_arpo.models.cache import resolve_model_path
-
-    resolve_model_path("tiny")
+    # without the warm start: the plumbing under test does not need a policy that can answer
+    save_tiny_policy(cache / TINY_POLICY_DIRECTORY, sft_steps=0, progress=False)
     return cache
 
 
 @pytest.fixture(scope="session")
 def tiny_model_path(tiny_policy_cache):
-    return str(tiny_policy_cache / "tiny_policy")
+    from rllib_arpo.models.cache import TINY_POLICY_DIRECTORY
+
+    return str(tiny_policy_cache / TINY_POLICY_DIRECTORY)
 
 
 @pytest.fixture(scope="session")

@@ -90,3 +90,19 @@ def test_bfloat16_policy_syncs_to_a_remote_runner_without_numpy(ray_session, sma
             assert torch.equal(tensor, learner[name]), name
     finally:
         algo.stop()
+
+
+def test_held_out_evaluation_before_and_after_updates(ray_session, small_config):
+    config = small_config.env_runners(num_env_runners=0)
+    config.held_out_interval, config.held_out_size = 2, 6
+    algo = config.build_algo()
+    try:
+        first, second = algo.train(), algo.train()
+    finally:
+        algo.stop()
+    # iteration 1 reports the evaluation before any update; iteration 2 the one after two updates
+    assert first["evaluation"]["after_iteration"] == 0
+    assert second["evaluation"]["after_iteration"] == 2
+    for key in ("accuracy", "format_error_rate", "reward_mean", "tool_calls_per_question/search",
+                "tool_calls_per_question/python", "response_tokens_mean"):  # fmt: skip
+        assert 0 <= second["evaluation"][key] or key == "reward_mean", key

@@ -113,7 +113,7 @@ def test_rejects_unsupported_head_sizes(tokenizer):
 def test_save_and_load_round_trip(tmp_path):
     directory = tmp_path / "tiny"
     sizes = dict(hidden_size=64, num_heads=1, num_kv_heads=1, intermediate_size=64)
-    model, tokenizer = load_or_build_tiny_policy(directory, vocab_size=512, **sizes)  # builds and saves
+    model, tokenizer = load_or_build_tiny_policy(directory, vocab_size=512, sft_steps=0, **sizes)  # builds and saves
     assert sorted(path.name for path in tmp_path.iterdir()) == ["tiny"]  # the staging directory is gone
     assert (directory / "model.safetensors").exists() and (directory / "tokenizer.json").exists()
     check_tokenizer(tokenizer)
@@ -125,13 +125,13 @@ def test_save_and_load_round_trip(tmp_path):
     reloaded, reloaded_tokenizer = load_or_build_tiny_policy(directory, seed=1)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reloaded.state_dict().values()))
     assert reloaded_tokenizer.get_vocab() == tokenizer.get_vocab()
-    assert save_tiny_policy(tmp_path / "again", vocab_size=512, **sizes) == tmp_path / "again"
+    assert save_tiny_policy(tmp_path / "again", vocab_size=512, sft_steps=0, **sizes) == tmp_path / "again"
     assert (tmp_path / "again" / "tokenizer.json").read_text() == (directory / "tokenizer.json").read_text()
 
     unrelated = tmp_path / "not_a_policy"
     unrelated.mkdir()
     (unrelated / "notes.txt").write_text("keep me")
     with pytest.raises(OSError):  # never overwrites a directory that holds something else
-        load_or_build_tiny_policy(unrelated, vocab_size=512, **sizes)
+        load_or_build_tiny_policy(unrelated, vocab_size=512, sft_steps=0, **sizes)
     assert [path.name for path in unrelated.iterdir()] == ["notes.txt"]
     assert not [path for path in tmp_path.iterdir() if "building" in path.name]

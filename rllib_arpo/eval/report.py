@@ -1,0 +1,88 @@
+"""The end-of-training report of a trial: a short table and a PNG plot, from Tune's result.json.
+
+``result.json`` holds one JSON object per training iteration. Held-out evaluations appear under
+``evaluation/`` in the iterations where they ran (``ARPOConfig.evaluation_interval``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+TABLE_METRICS = (
+    ("accuracy", "accuracy"),
+    ("format errors", "format_error_rate"),
+    ("reward", "reward_mean"),
+    ("search calls / question", "tool_calls_per_question/search"),
+    ("python calls / question", "tool_calls_per_question/python"),
+)
+
+
+def read_results(trial_dir: str | Path) -> list[dict]:
+    path = Path(trial_dir) / "result.json"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def evaluations(results: list[dict]) -> list[tuple[int, dict]]:
+    """``(iteration, evaluation metrics)`` for every iteration that ran a held-out evaluation.
+
+    An evaluation run at the start of iteration 1 (before any update) is reported as iteration 0.
+    """
+    points = []
+    for result in results:
+        evaluation = result.get("evaluation")
+        if evaluation:
+            points.append((int(evaluation.get("after_iteration", result["training_iteration"])), evaluation))
+    return points
+
+
+def evaluation_table(results: list[dict]) -> str:
+    """First vs last held-out evaluation, one metric a line."""
+    points = evaluations(results)
+    if not points:
+        return "no held-out evaluation was run (set evaluation_interval > 0)"
+    (first_it, first), (last_it, last) = points[0], points[-1]
+    header = f"{'held-out split':<26}{'iteration ' + str(first_it):>14}{'iteration ' + str(last_it):>14}"
+    lines = [header, "-" * len(header)]
+    for label, key in TABLE_METRICS:
+        if key in first or key in last:
+            lines.append(f"{label:<26}{first.get(key, float('nan')):>14.3f}{last.get(key, float('nan')):>14.3f}")
+    return "\n".join(lines)
+
+
+def plot_training(results: list[dict], path: str | Path) -> Path | None:
+    """Accuracy and reward per iteration (training rollouts and held-out evaluations) as a PNG."""
+    if not results:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    iterations = [r["training_iteration"] for r in results]
+    runners = [r.get("env_runners", {}) for r in results]
+    figure, (accuracy_axis, reward_axis) = plt.subplots(1, 2, figsize=(10, 4))
+    accuracy_axis.plot(iterations, [m.get("accuracy") for m in runners], label="training rollouts", alpha=0.6)
+    reward_axis.plot(iterations, [m.get("reward_mean") for m in runners], label="training rollouts", alpha=0.6)
+    points = evaluations(results)
+    if points:
+        steps = [it for it, _ in points]
+        accuracy_axis.plot(steps, [e.get("accuracy") for _, e in points], "o-", label="held-out split")
+        reward_axis.plot(steps, [e.get("reward_mean") for _, e in points], "o-", label="held-out split")
+    for axis, name in ((accuracy_axis, "accuracy"), (reward_axis, "reward")):
+        axis.set_xlabel("training iteration")
+        axis.set_ylabel(name)
+        axis.grid(alpha=0.3)
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return Path(path)
+
+
+def write_report(trial_dir: str | Path) -> tuple[str, Path | None]:
+    """Print-ready table and ``<trial_dir>/training.png``."""
+    results = read_results(trial_dir)
+    return evaluation_table(results), plot_training(results, Path(trial_dir) / "training.png")

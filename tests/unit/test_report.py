@@ -1,0 +1,30 @@
+import json
+
+from rllib_arpo.eval.report import evaluation_table, evaluations, write_report
+
+
+def results():
+    rows = []
+    for iteration in (1, 2, 3):
+        row = {"training_iteration": iteration, "env_runners": {"accuracy": 0.1 * iteration, "reward_mean": -1 + 0.2 * iteration}}
+        if iteration in (1, 3):  # evaluated before the first update and after the third
+            row["evaluation"] = {"accuracy": 0.25 if iteration == 1 else 0.5, "format_error_rate": 0.5,
+                                 "reward_mean": -0.2, "after_iteration": 0 if iteration == 1 else 3}  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+def test_evaluations_and_table_compare_first_and_last():
+    assert [it for it, _ in evaluations(results())] == [0, 3]
+    table = evaluation_table(results()).splitlines()
+    assert table[0].split() == ["held-out", "split", "iteration", "0", "iteration", "3"]
+    assert table[2].split() == ["accuracy", "0.250", "0.500"]
+    assert "no held-out evaluation" in evaluation_table([{"training_iteration": 1}])
+
+
+def test_write_report_makes_a_png(tmp_path):
+    (tmp_path / "result.json").write_text("\n".join(json.dumps(r) for r in results()))
+    table, plot = write_report(tmp_path)
+    assert plot == tmp_path / "training.png"
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "accuracy" in table

@@ -1,0 +1,191 @@
+import numpy as np
+import pytest
+import torch
+
+import rllib_arpo.tools  # noqa: F401  (registers the tools)
+from rllib_arpo.data.datasets import PromptExample
+from rllib_arpo.data.tir_task import SPLIT_NAMES, TIRExample, TIRTask, format_prompt
+from rllib_arpo.eval.evaluate import evaluate_policy
+from rllib_arpo.models.tiny_policy import build_tiny_policy, build_tokenizer
+from rllib_arpo.models.warm_start import encode_transcript, pad_batch, sft_dataset, sft_loss, warm_start
+from rllib_arpo.rollout.engine import Generation
+from rllib_arpo.tools.base import ToolExecutor
+
+SMALL_MODEL = dict(hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1, intermediate_size=64)
+PERFECT_ONLY = {"perfect": 1.0}
+
+
+@pytest.fixture(scope="module")
+def task() -> TIRTask:
+    return TIRTask(seed=0, num_entities=16, num_train=6, num_valid=3, num_test=3)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(task):
+    texts = task.corpus() + [format_prompt(example) for name in SPLIT_NAMES for example in task.split(name)]
+    return build_tokenizer(texts, vocab_size=400)
+
+
+def spans(tokenizer, ids: list[int], mask: list[int]) -> list[tuple[int, str]]:
+    """The runs of equal mask value, decoded: [(mask, text), ...]."""
+    runs: list[tuple[int, list[int]]] = []
+    for token, value in zip(ids, mask):
+        if runs and runs[-1][0] == value:
+            runs[-1][1].append(token)
+        else:
+            runs.append((value, [token]))
+    return [(value, tokenizer.decode(tokens)) for value, tokens in runs]
+
+
+def test_mask_trains_only_the_model_text(tokenizer):
+    prompt = "Question: What is the population of Zorvath multiplied by 7?\nAnswer: "
+    page = "Page 1: Zorvath is a city. The population of Zorvath is 48213."
+    transcript = (
+        "<think> I need the population of Zorvath. </think> <search> population of Zorvath </search>"
+        f" <result>{page}</result>"
+        " <think> I compute it with Python. </think> <python> 48213 * 7 </python> <result>337491</result>"
+        " <answer> \\boxed{337491} </answer>"
+    )
+    sequence = encode_transcript(tokenizer, prompt, transcript)
+    assert spans(tokenizer, sequence.input_ids, sequence.loss_mask) == [
+        (0, prompt),
+        (1, "<think> I need the population of Zorvath. </think> <search> population of Zorvath </search>"),
+        (0, f" <result>{page}</result>"),
+        (1, " <think> I compute it with Python. </think> <python> 48213 * 7 </python>"),
+        (0, " <result>337491</result>"),
+        (1, " <answer> \\boxed{337491} </answer><|endoftext|>"),
+    ]
+    # the tool segment is built exactly as the rollout appends it
+    result_ids = tokenizer.encode(" <result>") + tokenizer.encode("337491") + tokenizer.encode("</result>")
+    answer_start = len(sequence.input_ids) - len(tokenizer.encode(" <answer> \\boxed{337491} </answer>")) - 1
+    assert sequence.input_ids[answer_start - len(result_ids) : answer_start] == result_ids
+
+    # results are cut to max_tool_result_tokens like the rollout does (digits are single tokens)
+    cut = encode_transcript(tokenizer, prompt, transcript, max_tool_result_tokens=3)
+    cut_page = tokenizer.decode(tokenizer.encode(page)[:3])
+    assert spans(tokenizer, cut.input_ids, cut.loss_mask)[2] == (0, f" <result>{cut_page}</result>")
+    assert spans(tokenizer, cut.input_ids, cut.loss_mask)[4] == (0, " <result>337</result>")
+
+
+def test_sft_dataset_draws_qualities_and_masks_results(task, tokenizer):
+    def search(query: str) -> str:
+        return "Page 1: " + " ".join(document for document in task.corpus() if query.split(" of ")[-1] in document)
+
+    def python(code: str) -> str:
+        return str(eval(code))
+
+    examples = task.split("train")
+    perfect = sft_dataset(task, tokenizer, np.random.default_rng(0), PERFECT_ONLY, search=search, python=python)
+    assert len(perfect) == len(examples) == 6
+    for example, sequence in zip(examples, perfect):
+        trained = "".join(text for value, text in spans(tokenizer, sequence.input_ids, sequence.loss_mask) if value)
+        assert trained.endswith(f"<answer> \\boxed{{{example.answer}}} </answer><|endoftext|>")
+        assert "<result>" not in trained and "Page 1" not in trained
+        assert tokenizer.decode(sequence.input_ids).startswith(format_prompt(example))
+
+    stopped = sft_dataset(task, tokenizer, np.random.default_rng(0), {"stopped_early": 1.0}, search=search, python=python)
+    for sequence in stopped:  # first tool result, then EOS: nothing after the result but the EOS is trained
+        assert tokenizer.decode(sequence.input_ids).endswith("</result><|endoftext|>")
+        assert sequence.loss_mask[-2:] == [0, 1]
+    with pytest.raises(ValueError, match="unknown demonstration qualities"):
+        sft_dataset(task, tokenizer, np.random.default_rng(0), {"sloppy": 1.0}, search=search, python=python)
+
+
+def test_pad_batch_and_loss_count_only_trained_tokens(tokenizer):
+    model = build_tiny_policy(tokenizer, **SMALL_MODEL)
+    short = encode_transcript(tokenizer, "Question: a\nAnswer: ", "<answer> \\boxed{1} </answer>")
+    long = encode_transcript(tokenizer, "Question: bb\nAnswer: ", "<answer> \\boxed{22} </answer>")
+    batch = pad_batch([short, long], tokenizer.pad_token_id)
+    width = len(long.input_ids)
+    assert batch["input_ids"].shape == (2, width)
+    assert batch["attention_mask"][0].tolist() == [1] * len(short.input_ids) + [0] * (width - len(short.input_ids))
+    assert batch["loss_mask"][0].sum() == sum(short.loss_mask)
+    # the batch loss is the token-weighted mean of the two sequences' own losses
+    with torch.no_grad():
+        alone = [sft_loss(model, pad_batch([s], tokenizer.pad_token_id)) for s in (short, long)]
+        both = sft_loss(model, batch)
+    counts = [sum(short.loss_mask[1:]), sum(long.loss_mask[1:])]
+    expected = (alone[0] * counts[0] + alone[1] * counts[1]) / (counts[0] + counts[1])
+    assert torch.allclose(both, expected, atol=1e-5)
+
+
+def test_warm_start_lowers_the_loss_and_is_seeded(task, tokenizer):
+    model = build_tiny_policy(tokenizer, **SMALL_MODEL)
+    dataset = sft_dataset(task, tokenizer, np.random.default_rng(0), PERFECT_ONLY)  # what seed 0 trains on
+    everything = pad_batch(dataset, tokenizer.pad_token_id)
+    with torch.no_grad():
+        before = sft_loss(model, everything).item()
+    kwargs = dict(steps=12, batch_size=3, lr=1e-2, quality_mix=PERFECT_ONLY, num_threads=1, progress=False)
+    losses = warm_start(model, tokenizer, task, seed=0, **kwargs)
+    with torch.no_grad():
+        after = sft_loss(model, everything).item()
+    assert len(losses) == 12
+    assert before > 5.5  # about log(412) = 6.02 at initialisation
+    assert after < before - 1.5
+    assert not model.training
+
+    again = build_tiny_policy(tokenizer, **SMALL_MODEL)
+    warm_start(again, tokenizer, task, seed=0, **kwargs)
+    other = build_tiny_policy(tokenizer, **SMALL_MODEL)
+    warm_start(other, tokenizer, task, seed=1, **kwargs)
+    weights, same, different = model.state_dict(), again.state_dict(), other.state_dict()
+    assert all(torch.equal(weights[name], same[name]) for name in weights)
+    assert not torch.equal(weights["model.embed_tokens.weight"], different["model.embed_tokens.weight"])
+
+
+class ScriptedEngine:
+    """A GenerationEngine that writes a fixed response per prompt, one segment per call: the
+    segment after the n-th tool result is ``script[prompt][n]``."""
+
+    weights_version = 0
+
+    def __init__(self, tokenizer, scripts: dict[str, list[str]]):
+        self.tokenizer = tokenizer
+        self.scripts = scripts
+
+    def generate(self, prefixes, params):
+        generations = []
+        for prefix in prefixes:
+            text = self.tokenizer.decode(prefix)
+            prompt = next(p for p in self.scripts if text.startswith(p))
+            segment = self.scripts[prompt][text.count("</result>")]
+            ids = self.tokenizer.encode(segment, add_special_tokens=False)
+            if segment.endswith("</answer>"):
+                generations.append(Generation(ids + [self.tokenizer.eos_token_id], [0.0] * (len(ids) + 1), [0.0] * (len(ids) + 1), "eos"))
+            else:
+                generations.append(Generation(ids, [0.0] * len(ids), [0.0] * len(ids), "stop", "</python>"))
+        return generations
+
+    def update_weights(self, state, version):
+        raise NotImplementedError
+
+
+def test_evaluate_policy_scores_each_question(tokenizer):
+    examples = [
+        PromptExample(format_prompt(TIRExample(q, a, "python", ("python",), (), "")), a, "math", "tir_task/python")
+        for q, a in (("What is 2 * 3?", "6"), ("What is 4 * 5?", "20"), ("What is 7 * 8?", "56"))
+    ]
+    right = ["<python> 2 * 3 </python>", " <answer> \\boxed{6} </answer>"]
+    wrong = ["<answer> \\boxed{21} </answer>"]
+    broken = ["<think> 56 <answer> \\boxed{56} </answer>"]  # <think> never closed
+    prompts = [example.prompt for example in examples]
+    engine = ScriptedEngine(tokenizer, dict(zip(prompts, [right, wrong, broken])))
+    tools = ToolExecutor({"python": lambda code: str(eval(code)), "search": lambda query: "Page 1: nothing"})
+    metrics = evaluate_policy(engine, examples, tools, temperature=1.0, seed=0, chunk_size=2)
+
+    def length(text: str) -> int:
+        return len(tokenizer.encode(text))
+
+    right_tokens = length(right[0]) + length(" <result>") + length("6") + length("</result>") + length(right[1]) + 1
+    lengths = [right_tokens, length(wrong[0]) + 1, length(broken[0]) + 1]  # + 1: the EOS
+    assert metrics == pytest.approx(
+        {
+            "accuracy": 2 / 3,  # the broken response still holds the right answer: S = 1, R = -1
+            "format_error_rate": 1 / 3,
+            "reward_mean": (1.0 + 0.0 - 1.0) / 3,  # no r_M bonus: search was not used
+            "response_tokens_mean": sum(lengths) / 3,
+            "accuracy/python": 2 / 3,
+            "tool_calls_per_question/python": 1 / 3,
+            "tool_calls_per_question/search": 0.0,
+        }
+    )
