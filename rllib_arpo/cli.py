@@ -39,8 +39,11 @@ def _grid_search_to_tune(value: Any) -> Any:
     return value
 
 
-def load_experiments(path: str, stop_override: dict | None = None) -> dict[str, dict]:
-    """Read and check an experiment file; return ``{name: experiment}``."""
+def load_experiments(
+    path: str, stop_override: dict | None = None, config_override: dict | None = None
+) -> dict[str, dict]:
+    """Read and check an experiment file (with ``--stop`` / ``--config`` overrides applied);
+    return ``{name: experiment}``."""
     from rllib_arpo.algorithm import ARPOConfig, TRAINABLES
 
     file = Path(path)
@@ -56,6 +59,8 @@ def load_experiments(path: str, stop_override: dict | None = None) -> dict[str, 
     for name, experiment in experiments.items():
         if not isinstance(experiment, dict):
             raise ConfigError(f"experiment {name!r} must be a mapping")
+        if config_override:
+            experiment["config"] = {**(experiment.get("config") or {}), **config_override}
         unknown = set(experiment) - EXPERIMENT_KEYS
         if unknown:
             raise ConfigError(f"experiment {name!r}: unknown key(s) {sorted(unknown)}; known: {sorted(EXPERIMENT_KEYS)}")
@@ -72,14 +77,16 @@ def load_experiments(path: str, stop_override: dict | None = None) -> dict[str, 
     return experiments
 
 
-def train_file(path: str, stop: dict | None = None, storage_path: str | None = None) -> int:
+def train_file(
+    path: str, stop: dict | None = None, storage_path: str | None = None, config: dict | None = None
+) -> int:
     import ray
     from ray import tune
 
     from rllib_arpo.algorithm import TRAINABLES
     from rllib_arpo.eval.report import write_report
 
-    experiments = load_experiments(path, stop)
+    experiments = load_experiments(path, stop, config)
     failed = 0
     for name, experiment in experiments.items():
         config = TRAINABLES[experiment["run"]].get_default_config()
@@ -124,10 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     from_file = train_sources.add_parser("file", help="train from a tuned-example YAML file")
     from_file.add_argument("config_file")
     from_file.add_argument("--stop", type=json.loads, help='JSON stop criteria, e.g. \'{"training_iteration": 2}\'')
+    from_file.add_argument("--config", type=json.loads, help='JSON config overrides, e.g. \'{"lr": 1e-4}\'')
     from_file.add_argument("--storage-path", help="where Tune writes results (default ~/ray_results)")
     args = parser.parse_args(argv)
     try:
-        return train_file(args.config_file, args.stop, args.storage_path)
+        return train_file(args.config_file, args.stop, args.storage_path, args.config)
     except ConfigError as error:
         print(f"rllib: error: {error}", file=sys.stderr)
         return 2

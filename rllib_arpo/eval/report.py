@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 TABLE_METRICS = (
@@ -29,12 +30,14 @@ def evaluations(results: list[dict]) -> list[tuple[int, dict]]:
     """``(iteration, evaluation metrics)`` for every iteration that ran a held-out evaluation.
 
     An evaluation run at the start of iteration 1 (before any update) is reported as iteration 0.
+    Iterations without an evaluation carry the keys with NaN values (RLlib's metrics logger);
+    they are skipped.
     """
     points = []
     for result in results:
-        evaluation = result.get("evaluation")
-        if evaluation:
-            points.append((int(evaluation.get("after_iteration", result["training_iteration"])), evaluation))
+        after = (result.get("evaluation") or {}).get("after_iteration")
+        if after is not None and not math.isnan(after):
+            points.append((int(after), result["evaluation"]))
     return points
 
 

@@ -41,12 +41,12 @@ class RolloutBatch:
 
 
 def build_engine(config):
-    """The generation engine named by ``config.engine`` (``hf`` or ``vllm``)."""
+    """The generation engine named by ``config.engine``: ``hf`` (transformers) or ``vllm``."""
     if config.engine == "hf":
-        from rllib_arpo.rollout.hf_engine import HFEngine
-
-        return HFEngine.from_pretrained(config.model_path, dtype=DTYPES[config.dtype], **config.engine_options)
-    raise ValueError(f"engine {config.engine!r} is not available; use 'hf'")
+        from rllib_arpo.rollout.hf_engine import HFEngine as engine_class
+    else:
+        from rllib_arpo.rollout.vllm_engine import VLLMEngine as engine_class
+    return engine_class.from_pretrained(config.model_path, dtype=DTYPES[config.dtype], **config.engine_options)
 
 
 class ARPOEnvRunner(EnvRunner, Checkpointable):

@@ -18,7 +18,7 @@ def test_rllib_train_file_tiny_yaml_writes_tensorboard_and_metrics(tiny_policy_c
     env = {**os.environ, "RLLIB_ARPO_CACHE": str(tiny_policy_cache)}
     command = [
         sys.executable, "-m", "rllib_arpo.cli", "train", "file", str(REPO / "tuned_examples" / "arpo_tiny.yaml"),
-        "--stop", '{"training_iteration": 2}', "--storage-path", str(tmp_path),
+        "--stop", '{"training_iteration": 2}', "--config", '{"held_out_size": 4}', "--storage-path", str(tmp_path),
     ]  # fmt: skip
     completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr[-3000:]
@@ -36,6 +36,10 @@ def test_rllib_train_file_tiny_yaml_writes_tensorboard_and_metrics(tiny_policy_c
     assert "grad_norm" in last["learners"]
     assert last["weights_version"] == 2 and "weight_sync_s" in last
     assert list(result_files[0].parent.glob("events.out.tfevents.*")), "no TensorBoard event file"
+    # the held-out split ran before the first update; the report table and plot were written
+    assert results[0]["evaluation"]["after_iteration"] == 0
+    assert "held-out split" in completed.stdout
+    assert (result_files[0].parent / "training.png").is_file()
 
 
 def write(tmp_path, text: str) -> str:
@@ -53,11 +57,22 @@ def test_unknown_run_and_config_keys_are_reported(tmp_path):
         load_experiments(str(tmp_path / "missing.yaml"))
 
 
-def test_stop_override_and_grid_search_are_read(tmp_path):
-    path = write(tmp_path, "x:\n  run: ARPO\n  stop: {training_iteration: 50}\n  config: {tau: {grid_search: [0.3, 0.5]}}\n")
-    experiments = load_experiments(path, stop_override={"training_iteration": 2})
+def test_stop_and_config_overrides_and_grid_search_are_read(tmp_path):
+    path = write(tmp_path, "x:\n  run: ARPO\n  stop: {training_iteration: 50}\n  config: {tau: {grid_search: [0.3, 0.5]}, lr: 0.1}\n")
+    experiments = load_experiments(path, stop_override={"training_iteration": 2}, config_override={"lr": 0.5})
     assert experiments["x"]["stop"] == {"training_iteration": 2}
-    assert experiments["x"]["config"]["tau"] == {"grid_search": [0.3, 0.5]}
+    assert experiments["x"]["config"] == {"tau": {"grid_search": [0.3, 0.5]}, "lr": 0.5}
+    with pytest.raises(ConfigError, match="unknown config key 'lrr'"):
+        load_experiments(path, config_override={"lrr": 0.5})
+
+
+@pytest.mark.parametrize("example", sorted((REPO / "tuned_examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_tuned_example_loads_and_validates(example):
+    from rllib_arpo.algorithm import ARPOConfig
+
+    for experiment in load_experiments(str(example)).values():
+        config = {k: v for k, v in experiment["config"].items() if not (isinstance(v, dict) and "grid_search" in v)}
+        ARPOConfig().update_from_dict(config)._validate_arpo()
 
 
 def test_cli_exits_with_a_clear_message_on_a_bad_file(tmp_path):
