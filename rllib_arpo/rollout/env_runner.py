@@ -203,6 +203,8 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
 
     def stop(self) -> None:
         self.tools.close()
+        if hasattr(self.engine, "close"):
+            self.engine.close()
 
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from rllib_arpo.core.branching import BranchBudget, BranchingPolicy, aepo_global_samples
 from rllib_arpo.core.entropy import window_mean_entropy
 from rllib_arpo.core.tree import RolloutTree, SegmentKind
-from rllib_arpo.rollout.engine import GenerationEngine, SamplingParams
+from rllib_arpo.rollout.engine import Generation, GenerationEngine, SamplingParams
 from rllib_arpo.tools.base import ToolCall, ToolExecutor, find_tool_call
 
 
@@ -73,6 +73,28 @@ class RolloutStats:
     finish_reasons: Counter = field(default_factory=Counter)
 
 
+def _can_branch(budget: BranchBudget | None) -> bool:
+    return budget is not None and budget.can_branch()
+
+
+def _ended(generation: Generation, room: int) -> bool:
+    """True when a phase-1 head already ended its segment (tool tag, EOS, or no room left)."""
+    return generation.finish_reason != "length" or len(generation.token_ids) >= room
+
+
+def _joined(head: Generation | None, tail: Generation | None) -> Generation:
+    """One segment from a phase-1 head and its phase-2 continuation (either may be absent)."""
+    if head is None or tail is None:
+        return head or tail
+    return Generation(
+        token_ids=head.token_ids + tail.token_ids,
+        logprobs=head.logprobs + tail.logprobs,
+        entropies=head.entropies + tail.entropies,
+        finish_reason=tail.finish_reason,
+        stop_string=tail.stop_string,
+    )
+
+
 class TreeRollout:
     def __init__(
         self,
@@ -103,8 +125,8 @@ class TreeRollout:
 
         while active:
             stats.rounds += 1
-            next_active, pending = self._generate_round(trees, budgets, active, rng, seed, stats)
-            next_active += self._run_tools(trees, pending, stats)
+            pending = self._generate_round(trees, budgets, active, rng, seed, stats)
+            next_active = self._run_tools(trees, pending, stats)
             # prompts whose paths all ended: finish AEPO's probe, or top up to M
             running = {p.tree for p in next_active}
             for i, tree in enumerate(trees):
@@ -120,16 +142,71 @@ class TreeRollout:
         return trees, stats
 
     # --- one generation round ---------------------------------------------------------------
-    def _generate_round(self, trees, budgets, active, rng, seed, stats):
+    def _generate_round(self, trees, budgets, active, rng, seed, stats) -> list[tuple[_Path, ToolCall]]:
+        """Phase 1: every path that may fork right after its tool result first generates its
+        first k tokens; their entropy decides the fork at once, so the children start in phase 2
+        of this same round instead of one round later. Phase 2: all paths continue until a tool
+        tag closes, EOS or the length budget."""
         s = self.settings
-        prefixes, limits = [], []
+        deciding = [p for p in active if p.after_tool and p.may_branch and _can_branch(budgets[p.tree])]
+        heads = self._generate(trees, deciding, {}, s.entropy_window, seed * 2 + 1, stats)
+        for path in deciding:
+            window = window_mean_entropy(heads[id(path)].entropies, s.entropy_window)
+            active = active + self._decide_branch(path, window, budgets[path.tree], rng, stats)
+        unfinished = [p for p in active if id(p) not in heads or not _ended(heads[id(p)], self._room(trees, p))]
+        tails = self._generate(trees, unfinished, heads, None, seed * 2, stats)
+
+        pending = []
         for path in active:
             tree = trees[path.tree]
-            response = tree.response_ids(path.node)
-            prefixes.append(tree.prompt_ids + response)
-            limits.append(s.max_response_tokens - len(response))
+            generation = _joined(heads.get(id(path)), tails.get(id(path)))
+            segment = tree.add_segment(
+                path.node,
+                generation.token_ids,
+                SegmentKind.MODEL,
+                logprobs=generation.logprobs,
+                entropies=generation.entropies,
+            )
+            window = window_mean_entropy(generation.entropies, s.entropy_window)
+            if path.h_initial is None:
+                path.h_initial = window
+            elif path.after_tool:
+                path.tool_entropies.append(window)
+                if id(path) not in heads:  # not a candidate for a fork: only record dH
+                    stats.delta_entropies.append(window - path.h_initial)
+            path.node, path.after_tool = segment, False
+
+            if generation.finish_reason == "stop":
+                call = find_tool_call(self.engine.tokenizer.decode(generation.token_ids), self.tool_names)
+                if call is None:
+                    self._finish(tree, path, "bad_tool_call", stats)
+                elif path.tool_calls >= s.max_tool_calls:
+                    self._finish(tree, path, "max_tool_calls", stats)
+                else:
+                    pending.append((path, call))
+            else:
+                self._finish(tree, path, generation.finish_reason, stats)
+        return pending
+
+    def _room(self, trees, path: _Path) -> int:
+        """Tokens the path may still generate: max_response_tokens minus its response so far."""
+        return self.settings.max_response_tokens - len(trees[path.tree].response_ids(path.node))
+
+    def _generate(self, trees, paths, heads, max_new_tokens, seed, stats) -> dict[int, Generation]:
+        """Continue ``paths`` (after their phase-1 head, if any) in one engine call; generations
+        are cut to each path's room, and a cut one is marked ``length``."""
+        if not paths:
+            return {}
+        s = self.settings
+        prefixes, limits = [], []
+        for path in paths:
+            tree = trees[path.tree]
+            head = heads[id(path)].token_ids if id(path) in heads else []
+            prefixes.append(tree.prompt_ids + tree.response_ids(path.node) + head)
+            limits.append(self._room(trees, path) - len(head))
+        cap = max(limits) if max_new_tokens is None else min(max_new_tokens, max(limits))
         params = SamplingParams(
-            max_new_tokens=max(limits),
+            max_new_tokens=cap,
             temperature=s.temperature,
             top_p=s.top_p,
             stop_strings=self.stop_strings,
@@ -138,46 +215,23 @@ class TreeRollout:
         start = time.perf_counter()
         generations = self.engine.generate(prefixes, params)
         stats.generation_s += time.perf_counter() - start
-
-        next_active, pending = [], []
-        for path, generation, limit in zip(active, generations, limits):
-            tree = trees[path.tree]
-            token_ids = generation.token_ids[:limit]
-            n = len(token_ids)
-            segment = tree.add_segment(
-                path.node,
-                token_ids,
-                SegmentKind.MODEL,
+        out = {}
+        for path, generation, limit in zip(paths, generations, limits):
+            n = min(len(generation.token_ids), limit)
+            cut = n < len(generation.token_ids) or (generation.finish_reason == "length" and n >= limit)
+            out[id(path)] = Generation(
+                token_ids=list(generation.token_ids[:n]),
                 logprobs=list(generation.logprobs[:n]),
                 entropies=list(generation.entropies[:n]),
+                finish_reason="length" if cut else generation.finish_reason,
+                stop_string=None if cut else generation.stop_string,
             )
-            window_entropy = window_mean_entropy(generation.entropies[:n], s.entropy_window)
-            if path.h_initial is None:
-                path.h_initial = window_entropy
-            elif path.after_tool:
-                path.tool_entropies.append(window_entropy)
-                next_active += self._maybe_branch(path, window_entropy, budgets[path.tree], rng, stats)
-            path.node, path.after_tool = segment, False
+        return out
 
-            truncated = n < len(generation.token_ids) or generation.finish_reason == "length"
-            if generation.finish_reason == "stop" and not truncated:
-                call = find_tool_call(self.engine.tokenizer.decode(token_ids), self.tool_names)
-                if call is None:
-                    self._finish(tree, path, "bad_tool_call", stats)
-                elif path.tool_calls >= s.max_tool_calls:
-                    self._finish(tree, path, "max_tool_calls", stats)
-                else:
-                    pending.append((path, call))
-            else:
-                self._finish(tree, path, "length" if truncated else generation.finish_reason, stats)
-        return next_active, pending
-
-    def _maybe_branch(self, path, window_entropy, budget, rng, stats) -> list[_Path]:
-        """Fork children from the tool result that precedes the current segment."""
+    def _decide_branch(self, path, window_entropy, budget, rng, stats) -> list[_Path]:
+        """Ask the branching policy with dH = H_t - H_initial; fork children from the tool result."""
         delta = window_entropy - path.h_initial
         stats.delta_entropies.append(delta)
-        if not (path.may_branch and budget is not None and budget.can_branch()):
-            return []
         if not self.branching.should_branch(delta, path.consecutive_branches, rng):
             path.consecutive_branches = 0
             return []
@@ -187,12 +241,11 @@ class TreeRollout:
         return [
             _Path(
                 tree=path.tree,
-                node=path.node,  # still the tool segment: the fork point
+                node=path.node,  # the tool segment: the fork point
                 h_initial=path.h_initial,
-                after_tool=True,
                 tool_calls=path.tool_calls,
                 consecutive_branches=path.consecutive_branches,
-                tool_entropies=list(path.tool_entropies[:-1]),
+                tool_entropies=list(path.tool_entropies),
             )
             for _ in range(granted)
         ]

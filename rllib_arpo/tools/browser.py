@@ -31,7 +31,6 @@ import urllib.request
 from collections.abc import Callable
 from html.parser import HTMLParser
 
-from bm25s.stopwords import STOPWORDS_EN
 
 from rllib_arpo.tools.base import register_tool
 from rllib_arpo.tools.search import network_error_reason
@@ -96,6 +95,8 @@ def best_window(text: str, query: str, window_chars: int) -> str:
     first on ties); it is then shifted so that its occurrences sit in the middle. Without query
     words or occurrences, the window is the beginning of ``text``. Cut ends get ``...``.
     """
+    from bm25s.stopwords import STOPWORDS_EN  # on first use: bm25s loads numba (see tools.search._bm25s)
+
     words = {word for word in re.findall(r"\w+", query.lower()) if word not in STOPWORDS_EN}
     start = 0
     if words and len(text) > window_chars:

@@ -50,7 +50,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-import bm25s
 
 from rllib_arpo.tools.base import register_tool
 
@@ -90,9 +89,17 @@ def split_pages(text: str) -> list[str]:
     return [page.rstrip("\n") for page in _PAGE_PREFIX.split(text)[1:]]
 
 
+def _bm25s():
+    """The bm25s module, imported on first use: it loads numba, which breaks vLLM's CPU workers
+    when it is imported at the top of the script they re-import."""
+    import bm25s
+
+    return bm25s
+
+
 def _index_path(index_cache_dir: str | Path, documents: Sequence[str]) -> Path:
     """``<index_cache_dir>/bm25-<hash>``: the hash covers the documents and the bm25s version."""
-    digest = hashlib.sha256(bm25s.__version__.encode())
+    digest = hashlib.sha256(_bm25s().__version__.encode())
     for document in documents:
         digest.update(document.encode("utf-8") + b"\0")
     directory = Path(index_cache_dir).expanduser()
@@ -109,8 +116,9 @@ class BM25Backend:
         self.documents = [" ".join(document.split()) for document in documents]
         cached = _index_path(index_cache_dir, self.documents) if index_cache_dir else None
         if cached is not None and cached.is_dir():
-            self._retriever = bm25s.BM25.load(str(cached))
+            self._retriever = _bm25s().BM25.load(str(cached))
             return
+        bm25s = _bm25s()
         self._retriever = bm25s.BM25()
         corpus_tokens = bm25s.tokenize(self.documents, stopwords="en", show_progress=False)
         self._retriever.index(corpus_tokens, show_progress=False)
@@ -135,7 +143,7 @@ class BM25Backend:
         return cls(documents, index_cache_dir)
 
     def __call__(self, query: str, top_k: int) -> list[str]:
-        query_tokens = bm25s.tokenize([query], stopwords="en", show_progress=False)
+        query_tokens = _bm25s().tokenize([query], stopwords="en", show_progress=False)
         indices, scores = self._retriever.retrieve(
             query_tokens, k=min(top_k, len(self.documents)), show_progress=False
         )

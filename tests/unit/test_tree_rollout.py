@@ -49,8 +49,9 @@ class Turn:
 
 
 class ScriptedEngine:
-    """Replies ``script[r]`` to a prefix holding r tool results (the last turn repeats);
-    honours ``max_new_tokens`` like a real engine and records every call."""
+    """Replies ``script[r]`` to a prefix holding r tool results (the last turn repeats), minus
+    what the prefix already holds of that turn (a continuation after a phase-1 head); honours
+    ``max_new_tokens`` like a real engine and records every call."""
 
     def __init__(self, script: list[Turn]):
         self.script = script
@@ -64,8 +65,9 @@ class ScriptedEngine:
         for prefix in prefixes:
             rounds = TOKENIZER.decode(prefix).count("</result>")
             turn = self.script[min(rounds, len(self.script) - 1)]
-            ids = TOKENIZER.encode(turn.text)
-            entropies = [turn.entropy if t < WINDOW else turn.tail_entropy for t in range(len(ids))]
+            done = len(TOKENIZER.decode(prefix).rsplit("</result>", 1)[1]) if rounds else 0
+            ids = TOKENIZER.encode(turn.text)[done:]
+            entropies = [turn.entropy if t < WINDOW else turn.tail_entropy for t in range(done, done + len(ids))]
             reason = turn.finish_reason
             if len(ids) > params.max_new_tokens:
                 ids, entropies, reason = ids[: params.max_new_tokens], entropies[: params.max_new_tokens], "length"
@@ -127,9 +129,10 @@ def test_always_branch_forks_from_the_tool_segment_within_budget(tools):
     assert tree.num_trajectories == 4
     assert stats.branches == 2
     assert tree.finish_reasons == ["eos"] * 4
-    # the policy is asked once per initial path; the children find the budget spent
+    # the policy is asked once per initial path, on the first k tokens after its result; the
+    # children start from the result in the same round and do not decide again at that point
     assert policy.deltas == [0.5, 0.5]  # 0.75 - 0.25
-    assert stats.delta_entropies == [0.5] * 4  # measured for the children too
+    assert stats.delta_entropies == [0.5, 0.5]
 
     tool_segments = [i for i, s in enumerate(tree.segments) if s.kind is SegmentKind.TOOL]
     assert len(tool_segments) == 2
@@ -154,12 +157,15 @@ def test_always_branch_forks_from_the_tool_segment_within_budget(tools):
         assert row.loss_mask.tolist() == [1.0] * 18 + [0.0] * 21 + [1.0] * 18
         assert row.old_logprobs.tolist() == [LOGPROB] * 18 + [0.0] * 21 + [LOGPROB] * 18
 
-    # round 1: 2 prompts; round 2: 2 paths after their results; round 3: the 2 children
-    assert [len(prefixes) for prefixes, _ in engine.calls] == [2, 2, 2]
+    # round 1: the 2 prompts; round 2, phase 1: the first k = 4 tokens of the 2 paths after their
+    # results; phase 2, in the same round: the 2 paths after those 4 tokens and the 2 children
+    assert [len(prefixes) for prefixes, _ in engine.calls] == [2, 2, 4]
     assert engine.calls[0][0] == [prompt, prompt]
-    assert engine.calls[2][0] == [prompt + TOKENIZER.encode(SEARCH_CALL + TOOL_RESULT)] * 2
+    after_result = prompt + TOKENIZER.encode(SEARCH_CALL + TOOL_RESULT)
+    assert engine.calls[1][0] == [after_result] * 2 and engine.calls[1][1].max_new_tokens == WINDOW
+    assert engine.calls[2][0] == [after_result + TOKENIZER.encode(ANSWER[:WINDOW])] * 2 + [after_result] * 2
     assert engine.calls[0][1].stop_strings == ("</search>",)
-    assert stats.rounds == 3
+    assert stats.rounds == 2
 
 
 def test_never_branch_tops_up_with_fresh_trajectories_from_the_prompt(tools):
@@ -254,12 +260,14 @@ def test_aepo_pre_monitoring_probes_then_samples_m_minus_one_more(tools):
     # the probe alone first (2 rounds), then m - 1 = 1 more global path
     assert [len(prefixes) for prefixes, _ in engine.calls[:3]] == [1, 1, 1]
     assert engine.calls[2][0] == [prompt]
-    assert len(children(tree, None)) == m
-    # the remaining M - m = 2 trajectories are branches of the second global path
-    assert stats.branches == 4 - m
-    (tool_of_probe, tool_of_second) = [i for i, s in enumerate(tree.segments) if s.kind is SegmentKind.TOOL]
+    # the second global path forks Z - 1 = 1 child at its search result; the child does not
+    # decide again at that point, and the stub calls no second tool, so once every path has
+    # ended the prompt is topped up with 4 - 3 = 1 fresh trajectory from the prompt
+    assert stats.branches == 1
+    assert len(children(tree, None)) == m + 1
+    (tool_of_probe, tool_of_second, _) = [i for i, s in enumerate(tree.segments) if s.kind is SegmentKind.TOOL]
     assert len(children(tree, tool_of_probe)) == 1  # the probe never branches (no budget yet)
-    assert len(children(tree, tool_of_second)) == 3  # its own answer + 2 forked children
-    # the probe's dH is measured but the policy is asked only once the budget exists
-    assert stats.delta_entropies == [0.5] * 4
-    assert policy.deltas == [0.5, 0.5]  # second path (branches), then its first child (branches again)
+    assert len(children(tree, tool_of_second)) == 2  # its own answer + the forked child
+    # dH is measured for the probe, the second path and the fresh one; the policy is asked once
+    assert stats.delta_entropies == [0.5] * 3
+    assert policy.deltas == [0.5]

