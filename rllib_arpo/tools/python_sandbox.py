@@ -1,6 +1,6 @@
 """The ``python`` tool: runs the model's code in a fresh, resource-limited, isolated interpreter.
 
-Each call starts ``sys.executable -I -u`` (isolated mode: no ``PYTHON*`` variables, no user
+Each call starts the base interpreter with ``-I -u`` (isolated mode: no ``PYTHON*`` variables, no user
 site-packages; unbuffered, so output printed before a timeout is kept) with a small runner
 that receives the code on stdin and then:
 
@@ -104,6 +104,9 @@ _EXIT_POLL_S = 0.1
 _SANDBOX_UID = 65534  # nobody
 _TMPFS_MB = 64
 _PRIVATE_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+_INTERPRETER = getattr(sys, "_base_executable", None) or sys.executable
+"""The base interpreter, not a virtual environment's: the code runs in isolated mode (``-I``) and
+needs no site-packages, and a venv may live where the namespace hides (a clone under /tmp)."""
 
 
 @register_tool("python")
@@ -152,7 +155,7 @@ class PythonTool:
                 self.max_file_size_mb << 20,
                 uid,
             )
-            command = [*prefix, sys.executable, "-I", "-u", "-c", _RUNNER, *map(str, limits), workdir]
+            command = [*prefix, _INTERPRETER, "-I", "-u", "-c", _RUNNER, *map(str, limits), workdir]
             stdout, stderr, returncode = self._execute(command, textwrap.dedent(code).encode("utf-8"))
         return self._format(stdout, stderr, returncode)
 
@@ -211,7 +214,7 @@ def _mount_script() -> str:
         lines.append(
             f"if [ -d {directory} ]; then mount -t tmpfs -o size={_TMPFS_MB}m,mode=1777 tmpfs {directory}; fi"
         )
-    python_homes = sorted(home for home in {sys.base_prefix, sys.prefix} if home.startswith("/root/"))
+    python_homes = [sys.base_prefix] if sys.base_prefix.startswith("/root/") else []
     for index, home in enumerate(python_homes):  # park them in /tmp while /root is replaced
         lines.append(f"mkdir /tmp/.python{index} && mount --bind -o ro {shlex.quote(home)} /tmp/.python{index}")
     lines.append("mount -t tmpfs -o size=1m,mode=755 tmpfs /root")
@@ -241,7 +244,8 @@ def namespaces_available() -> bool:
 @functools.cache
 def _probe_namespaces() -> bool:
     try:
-        probe = subprocess.run([*_namespace_command(), "true"], capture_output=True, timeout=30)
+        # the interpreter itself must start in there (an install the private mounts hide cannot)
+        probe = subprocess.run([*_namespace_command(), _INTERPRETER, "-I", "-c", "pass"], capture_output=True, timeout=30)
         refusal = probe.stderr.decode(errors="replace").strip() if probe.returncode else ""
     except (OSError, subprocess.TimeoutExpired) as error:
         refusal = str(error)
