@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import argparse
 
-from rllib_arpo.models.tiny_policy import SFT_STEPS, save_tiny_policy
+from rllib_arpo.models.tiny_policy import SFT_STEPS, VOCAB_SIZE, save_tiny_policy
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="directory to write the model and tokenizer into")
     parser.add_argument("--task-seed", type=int, default=0, help="seed of the TIR task the tokenizer learns from")
-    parser.add_argument("--vocab-size", type=int, default=1024, help="BPE vocabulary size (the 12 tag tokens come on top)")
+    parser.add_argument("--vocab-size", type=int, default=VOCAB_SIZE, help="BPE vocabulary size (the 12 tag tokens come on top)")
     parser.add_argument("--hidden-size", type=int, default=128, help="must be 64 * --num-heads")
     parser.add_argument("--num-layers", type=int, default=2)
     parser.add_argument("--num-heads", type=int, default=2)

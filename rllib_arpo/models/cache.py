@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 TINY_POLICY_NAME = "tiny"
-TINY_POLICY_DIRECTORY = "tiny_policy_v2"
-"""Versioned: v2 holds the warm-started policy, so a v1 (random initialisation) cache is never reused."""
+TINY_POLICY_DIRECTORY = "tiny_policy_v3"
+"""Versioned: v3 holds the policy warm-started on fresh demonstrations, so an older cache is never reused."""
 
 
 def cache_dir() -> Path:

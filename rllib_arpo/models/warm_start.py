@@ -2,10 +2,13 @@
 
 ARPO first fine-tunes the base model on tool-use transcripts, then runs RL (arXiv 2507.19849,
 Sec. 4.1). For the embedded tiny policy the transcripts come from ``tir_task.demonstration``
-with the real tools, in a mix of qualities: mostly perfect ones, and some with a skipped tool and
-a guessed answer, a stop right after the first tool result, or an arithmetic slip. The warm-
-started policy therefore follows the format but is far from always right, which leaves RL
-something to improve.
+in a mix of qualities: mostly perfect ones, and some with a skipped tool and a guessed answer, a
+stop right after the first tool result, or an arithmetic slip. Every transcript is for a freshly
+generated question over its own freshly generated knowledge base (``fresh_demonstrations``) and
+is seen once: with new names and numbers every time the policy cannot memorise transcripts and
+has to learn to copy (the entity name into the query, the looked-up number into the code, the
+result into the answer). The warm-started policy therefore follows the format but is far from
+always right, which leaves RL something to improve.
 
 Each training sequence is tokenised the way the tree rollout builds it: the prompt, then the
 model's text up to each tool's closing tag, then the tool segment
@@ -19,10 +22,11 @@ of the next-token cross entropy over the trained tokens of a batch:
 
 from __future__ import annotations
 
+import ast
+import operator
 import os
 import re
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,15 +34,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rllib_arpo.data.tir_task import (
-    DEMONSTRATION_QUALITIES,
-    TIRExample,
-    TIRTask,
-    ToolFn,
-    demonstration,
-    format_prompt,
-)
-from rllib_arpo.tools.python_sandbox import PythonTool
+from rllib_arpo.data.tir_task import DEMONSTRATION_QUALITIES, TIRTask, demonstration, format_prompt
 from rllib_arpo.tools.search import SearchTool
 
 DEFAULT_QUALITY_MIX: dict[str, float] = {
@@ -52,7 +48,11 @@ DEFAULT_QUALITY_MIX: dict[str, float] = {
 MAX_TOOL_RESULT_TOKENS = 96
 """Tool results are cut to this many tokens, as the rollout of ``tuned_examples/arpo_tiny.yaml`` does."""
 
+LENGTH_POOL_BATCHES = 16
+"""Batches cut from one length-sorted pool of sequences (``length_pooled_batches``)."""
+
 _TOOL_RESULT = re.compile(r" <result>(.*?)</result>", re.DOTALL)
+_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 
 
 @dataclass(frozen=True)
@@ -88,49 +88,89 @@ def encode_transcript(
     return SFTSequence(ids + model_ids, mask + [1] * len(model_ids))
 
 
-def sft_dataset(
-    task: TIRTask,
-    tokenizer: PreTrainedTokenizerBase,
+def evaluate_arithmetic(code: str) -> str:
+    """What the Python tool answers for a demonstration's own arithmetic (integer literals, ``+``,
+    ``-``, ``*`` and parentheses): the value's ``repr``, the interpreter's echo of a final
+    expression. Computed in process, where the sandbox would start a subprocess (~70 ms a call);
+    any other code raises ValueError."""
+    return repr(_arithmetic_value(ast.parse(code.strip(), mode="eval").body))
+
+
+def _arithmetic_value(node: ast.expr) -> int:
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        return _OPERATORS[type(node.op)](_arithmetic_value(node.left), _arithmetic_value(node.right))
+    raise ValueError(f"not integer arithmetic: {ast.unparse(node)!r}")
+
+
+def fresh_demonstrations(
+    count: int,
     rng: np.random.Generator,
     quality_mix: Mapping[str, float],
     *,
-    search: ToolFn | None = None,
-    python: ToolFn | None = None,
-    max_tool_result_tokens: int = MAX_TOOL_RESULT_TOKENS,
-    num_workers: int = 8,
-) -> list[SFTSequence]:
-    """One demonstration per train question, its quality drawn from ``quality_mix`` (weights,
-    normalised), tokenised by ``encode_transcript``.
+    questions_per_task: int = 256,
+    num_entities: int = 256,
+) -> list[tuple[str, str]]:
+    """``count`` (prompt, transcript) pairs, each for a question drawn fresh, so no transcript repeats.
 
-    The tools default to the training-time ones: BM25 search over the task corpus with the top 2
-    pages, and the Python sandbox. Questions those tools cannot answer (``demonstration`` raises)
-    are left out. Demonstrations run on ``num_workers`` threads (the Python tool is a subprocess);
-    every question gets its own generator seeded from ``rng``, so the result does not depend on
-    the thread schedule.
+    The questions come from new tasks ``TIRTask(seed)`` with seeds drawn from ``rng`` in
+    [2**32, 2**63) (so never a small task seed a run trains or evaluates on), ``questions_per_task``
+    train questions each over their own knowledge base of ``num_entities`` entities: new names and
+    numbers every time. The tools are the training-time ones for that task, BM25 search over its
+    corpus with the top 2 pages, and ``evaluate_arithmetic`` in place of the sandbox (the same
+    answers). Each demonstration's quality is drawn from ``quality_mix`` (weights, normalised);
+    questions the tools cannot answer (``demonstration`` raises) are skipped.
     """
     unknown = set(quality_mix) - set(DEMONSTRATION_QUALITIES)
     if unknown:
         raise ValueError(f"unknown demonstration qualities {sorted(unknown)}; choose from {DEMONSTRATION_QUALITIES}")
-    search = search or SearchTool(backend="bm25", documents=task.corpus(), top_k=2)
-    python = python or PythonTool(timeout_s=5)
-    examples = task.split("train")
     names = list(quality_mix)
     weights = np.array([quality_mix[name] for name in names], dtype=float)
-    qualities = rng.choice(names, size=len(examples), p=weights / weights.sum())
-    seeds = rng.integers(2**63, size=len(examples))
+    pairs: list[tuple[str, str]] = []
+    while len(pairs) < count:
+        task = TIRTask(
+            seed=int(rng.integers(2**32, 2**63)),
+            num_entities=num_entities,
+            num_train=questions_per_task,
+            num_valid=0,
+            num_test=0,
+        )
+        search = SearchTool(backend="bm25", documents=task.corpus(), top_k=2)
+        for example in task.split("train")[: count - len(pairs)]:
+            quality = str(rng.choice(names, p=weights / weights.sum()))
+            try:
+                transcript = demonstration(example, rng, quality, search=search, python=evaluate_arithmetic)
+            except ValueError:
+                continue
+            pairs.append((format_prompt(example), transcript))
+    return pairs
 
-    def build(example: TIRExample, quality: str, seed: int) -> SFTSequence | None:
-        try:
-            transcript = demonstration(
-                example, np.random.default_rng(seed), quality, search=search, python=python
-            )
-        except ValueError:
-            return None
-        return encode_transcript(tokenizer, format_prompt(example), transcript, max_tool_result_tokens)
 
-    with ThreadPoolExecutor(max_workers=num_workers) as pool:
-        sequences = list(pool.map(build, examples, qualities, seeds))
-    return [sequence for sequence in sequences if sequence is not None]
+def sft_dataset(
+    tokenizer: PreTrainedTokenizerBase,
+    rng: np.random.Generator,
+    quality_mix: Mapping[str, float],
+    num_sequences: int,
+    *,
+    max_tool_result_tokens: int = MAX_TOOL_RESULT_TOKENS,
+) -> list[SFTSequence]:
+    """``num_sequences`` ``fresh_demonstrations``, tokenised by ``encode_transcript``."""
+    pairs = fresh_demonstrations(num_sequences, rng, quality_mix)
+    return [encode_transcript(tokenizer, prompt, transcript, max_tool_result_tokens) for prompt, transcript in pairs]
+
+
+def length_pooled_batches(lengths: list[int], batch_size: int, rng: np.random.Generator) -> list[list[int]]:
+    """Consecutive batches of indices into ``lengths``: every pool of ``LENGTH_POOL_BATCHES *
+    batch_size`` consecutive sequences is sorted by length, cut into batches, and the pool's
+    batches shuffled."""
+    pool = LENGTH_POOL_BATCHES * batch_size
+    batches: list[list[int]] = []
+    for begin in range(0, len(lengths), pool):
+        by_length = sorted(range(begin, min(begin + pool, len(lengths))), key=lengths.__getitem__)
+        pooled = [by_length[i : i + batch_size] for i in range(0, len(by_length), batch_size)]
+        batches += [pooled[i] for i in rng.permutation(len(pooled))]
+    return batches
 
 
 def pad_batch(sequences: list[SFTSequence], pad_token_id: int) -> dict[str, torch.Tensor]:
@@ -161,44 +201,42 @@ def sft_loss(model: PreTrainedModel, batch: Mapping[str, torch.Tensor]) -> torch
 def warm_start(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    task: TIRTask,
     *,
     steps: int = 300,
     batch_size: int = 16,
-    lr: float = 3e-3,
+    lr: float = 8e-3,
     quality_mix: Mapping[str, float] = DEFAULT_QUALITY_MIX,
     seed: int = 0,
     num_threads: int | None = None,
     progress: bool = True,
 ) -> list[float]:
-    """Fine-tune ``model`` in place on ``sft_dataset`` demonstrations; returns the loss of every step.
+    """Fine-tune ``model`` in place on ``steps * batch_size`` fresh demonstrations (``sft_dataset``),
+    each seen once; returns the loss of every step.
 
     Plain AdamW (weight decay 0.01) with the learning rate warmed up linearly over the first 10%
-    of the steps and decayed linearly to 0 after; batches of ``batch_size`` sequences drawn
-    without replacement (reshuffled every epoch), right-padded per batch. ``seed`` fixes the
-    demonstrations and the batch order, so the same seed gives the same weights (the model has
-    no dropout). Torch uses ``num_threads`` threads (default ``os.cpu_count()``) during the
-    loop and the previous setting after it. The model is left in eval mode.
+    of the steps and decayed linearly to 0 after; every step a new batch of ``batch_size``
+    sequences, right-padded. To pad little, each run of ``LENGTH_POOL_BATCHES`` batches is cut
+    from its sequences sorted by length and then shuffled. ``seed`` fixes the demonstrations, so the same seed gives the same
+    weights (the model has no dropout). Torch uses ``num_threads`` threads (default
+    ``os.cpu_count()``) during the loop and the previous setting after it. The model is left in
+    eval mode.
     """
     rng = np.random.default_rng(seed)
-    dataset = sft_dataset(task, tokenizer, rng, quality_mix)
+    dataset = sft_dataset(tokenizer, rng, quality_mix, steps * batch_size)
+    batches = length_pooled_batches([len(sequence.input_ids) for sequence in dataset], batch_size, rng)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     warmup = max(1, steps // 10)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min((step + 1) / warmup, (steps - step) / max(1, steps - warmup))
     )
-    order: list[int] = []
     losses: list[float] = []
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(num_threads or os.cpu_count() or 1)
     model.train()
     try:
         bar = tqdm(range(steps), desc="warm-start SFT", disable=not progress)
-        for _ in bar:
-            if len(order) < batch_size:
-                order += rng.permutation(len(dataset)).tolist()
-            batch_indices, order = order[:batch_size], order[batch_size:]
-            batch = pad_batch([dataset[i] for i in batch_indices], tokenizer.pad_token_id)
+        for step in bar:
+            batch = pad_batch([dataset[i] for i in batches[step]], tokenizer.pad_token_id)
             loss = sft_loss(model, batch)
             optimizer.zero_grad()
             loss.backward()

@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -7,7 +9,17 @@ from rllib_arpo.data.datasets import PromptExample
 from rllib_arpo.data.tir_task import SPLIT_NAMES, TIRExample, TIRTask, format_prompt
 from rllib_arpo.eval.evaluate import evaluate_policy
 from rllib_arpo.models.tiny_policy import build_tiny_policy, build_tokenizer
-from rllib_arpo.models.warm_start import encode_transcript, pad_batch, sft_dataset, sft_loss, warm_start
+from rllib_arpo.models.warm_start import (
+    LENGTH_POOL_BATCHES,
+    encode_transcript,
+    evaluate_arithmetic,
+    fresh_demonstrations,
+    length_pooled_batches,
+    pad_batch,
+    sft_dataset,
+    sft_loss,
+    warm_start,
+)
 from rllib_arpo.rollout.engine import Generation
 from rllib_arpo.tools.base import ToolExecutor
 
@@ -67,28 +79,63 @@ def test_mask_trains_only_the_model_text(tokenizer):
     assert spans(tokenizer, cut.input_ids, cut.loss_mask)[4] == (0, " <result>337</result>")
 
 
-def test_sft_dataset_draws_qualities_and_masks_results(task, tokenizer):
-    def search(query: str) -> str:
-        return "Page 1: " + " ".join(document for document in task.corpus() if query.split(" of ")[-1] in document)
+def test_evaluate_arithmetic_answers_like_the_python_tool():
+    assert evaluate_arithmetic("3817 * 29 + 112") == "110805"  # 3817 * 29 = 110693, + 112
+    assert evaluate_arithmetic(" (1000 + 100) * 11 ") == "12100"  # 1100 * 11
+    assert evaluate_arithmetic("1605 - 3736") == "-2131"
+    for code in ("__import__('os')", "7 / 2", "x * 3", "2 ** 8"):
+        with pytest.raises(ValueError, match="not integer arithmetic"):
+            evaluate_arithmetic(code)
 
-    def python(code: str) -> str:
-        return str(eval(code))
 
-    examples = task.split("train")
-    perfect = sft_dataset(task, tokenizer, np.random.default_rng(0), PERFECT_ONLY, search=search, python=python)
-    assert len(perfect) == len(examples) == 6
-    for example, sequence in zip(examples, perfect):
+def test_fresh_demonstrations_never_repeat_a_knowledge_base():
+    # 3 questions per task (one of each kind), so 7 demonstrations come from 3 new tasks
+    pairs = fresh_demonstrations(7, np.random.default_rng(0), PERFECT_ONLY, questions_per_task=3, num_entities=8)
+    assert len(pairs) == 7 and len({prompt for prompt, _ in pairs}) == 7
+    seed_0_names = {entity.name for entity in TIRTask(seed=0, num_entities=8, num_train=3, num_valid=0, num_test=0).entities}
+    searched = set()
+    for prompt, transcript in pairs:
+        answer = re.search(r"\\boxed\{(-?\d+)\}", transcript).group(1)
+        arithmetic = re.fullmatch(r"Question: What is ([\d ()+*-]+)\?\nAnswer: ", prompt)
+        if arithmetic:  # a python question: the code is the question's expression, answered in process
+            assert f"<python> {arithmetic.group(1)} </python> <result>{answer}</result>" in transcript
+        else:  # the number first searched for is read from that task's own corpus
+            name = re.search(r"<search> .+? of (\w+) </search>", transcript).group(1)
+            searched.add(name)
+            assert re.search(rf"The [a-z ]+ of {name} is \d+\.", transcript)
+    assert len(searched) >= 3 and not searched <= seed_0_names  # names from more than one knowledge base
+    with pytest.raises(ValueError, match="unknown demonstration qualities"):
+        fresh_demonstrations(1, np.random.default_rng(0), {"sloppy": 1.0})
+
+
+def test_sft_dataset_masks_results(tokenizer):
+    perfect = sft_dataset(tokenizer, np.random.default_rng(0), PERFECT_ONLY, 6)
+    pairs = fresh_demonstrations(6, np.random.default_rng(0), PERFECT_ONLY)  # the same draws
+    assert len(perfect) == 6
+    for (prompt, transcript), sequence in zip(pairs, perfect):
         trained = "".join(text for value, text in spans(tokenizer, sequence.input_ids, sequence.loss_mask) if value)
-        assert trained.endswith(f"<answer> \\boxed{{{example.answer}}} </answer><|endoftext|>")
+        answer = re.search(r"\\boxed\{-?\d+\}", transcript).group()
+        assert trained.endswith(f"<answer> {answer} </answer><|endoftext|>")
         assert "<result>" not in trained and "Page 1" not in trained
-        assert tokenizer.decode(sequence.input_ids).startswith(format_prompt(example))
+        assert tokenizer.decode(sequence.input_ids).startswith(prompt)
 
-    stopped = sft_dataset(task, tokenizer, np.random.default_rng(0), {"stopped_early": 1.0}, search=search, python=python)
+    stopped = sft_dataset(tokenizer, np.random.default_rng(0), {"stopped_early": 1.0}, 6)
     for sequence in stopped:  # first tool result, then EOS: nothing after the result but the EOS is trained
         assert tokenizer.decode(sequence.input_ids).endswith("</result><|endoftext|>")
         assert sequence.loss_mask[-2:] == [0, 1]
-    with pytest.raises(ValueError, match="unknown demonstration qualities"):
-        sft_dataset(task, tokenizer, np.random.default_rng(0), {"sloppy": 1.0}, search=search, python=python)
+
+
+def test_length_pooled_batches_sort_within_each_pool():
+    rng = np.random.default_rng(0)
+    batches = length_pooled_batches([5, 1, 4, 2, 3, 6], 2, rng)
+    # one pool; by length the indices are 1 (1), 3 (2), 4 (3), 2 (4), 0 (5), 5 (6)
+    assert sorted(batches) == [[0, 5], [1, 3], [4, 2]]
+    # batch size 1: pools of LENGTH_POOL_BATCHES = 16 consecutive sequences, each shuffled in place
+    batches = length_pooled_batches(list(range(40, 0, -1)), 1, rng)
+    assert LENGTH_POOL_BATCHES == 16
+    assert sorted(b[0] for b in batches[:16]) == list(range(16))
+    assert sorted(b[0] for b in batches[16:32]) == list(range(16, 32))
+    assert sorted(b[0] for b in batches[32:]) == list(range(32, 40))
 
 
 def test_pad_batch_and_loss_count_only_trained_tokens(tokenizer):
@@ -109,14 +156,14 @@ def test_pad_batch_and_loss_count_only_trained_tokens(tokenizer):
     assert torch.allclose(both, expected, atol=1e-5)
 
 
-def test_warm_start_lowers_the_loss_and_is_seeded(task, tokenizer):
+def test_warm_start_lowers_the_loss_and_is_seeded(tokenizer):
     model = build_tiny_policy(tokenizer, **SMALL_MODEL)
-    dataset = sft_dataset(task, tokenizer, np.random.default_rng(0), PERFECT_ONLY)  # what seed 0 trains on
+    dataset = sft_dataset(tokenizer, np.random.default_rng(0), PERFECT_ONLY, 12 * 3)  # what seed 0 trains on
     everything = pad_batch(dataset, tokenizer.pad_token_id)
     with torch.no_grad():
         before = sft_loss(model, everything).item()
     kwargs = dict(steps=12, batch_size=3, lr=1e-2, quality_mix=PERFECT_ONLY, num_threads=1, progress=False)
-    losses = warm_start(model, tokenizer, task, seed=0, **kwargs)
+    losses = warm_start(model, tokenizer, seed=0, **kwargs)
     with torch.no_grad():
         after = sft_loss(model, everything).item()
     assert len(losses) == 12
@@ -125,9 +172,9 @@ def test_warm_start_lowers_the_loss_and_is_seeded(task, tokenizer):
     assert not model.training
 
     again = build_tiny_policy(tokenizer, **SMALL_MODEL)
-    warm_start(again, tokenizer, task, seed=0, **kwargs)
+    warm_start(again, tokenizer, seed=0, **kwargs)
     other = build_tiny_policy(tokenizer, **SMALL_MODEL)
-    warm_start(other, tokenizer, task, seed=1, **kwargs)
+    warm_start(other, tokenizer, seed=1, **kwargs)
     weights, same, different = model.state_dict(), again.state_dict(), other.state_dict()
     assert all(torch.equal(weights[name], same[name]) for name in weights)
     assert not torch.equal(weights["model.embed_tokens.weight"], different["model.embed_tokens.weight"])

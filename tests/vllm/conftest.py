@@ -1,11 +1,11 @@
 """Shared fixtures of the vLLM tests: one warm-started tiny policy, one vLLM engine, one HF engine.
 
 The policy is the project's tiny Qwen2 with a short cold-start SFT (``WARM_START_STEPS``): enough
-for it to open an arithmetic question with a Python call and write on after the result (search
-questions still derail into loops), and for most next-token distributions to be peaked, which
-the top-k entropy comparison needs. The build takes 1 to 4
-minutes on two cores and is made once per test session, in a temporary directory. vLLM pays 40
-to 120 s to start, so the engine is built once per test session too.
+for it to follow the tag format (open an arithmetic question with a Python call and write on
+after the result) and for most next-token distributions to be peaked, which the top-k entropy
+comparison needs. The build takes under a minute on two quiet cores and is made once per test
+session, in a temporary directory. vLLM pays 40 to 120 s to start, so the engine is built once
+per test session too.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from rllib_arpo.models.tiny_policy import load_or_build_tiny_policy
 from rllib_arpo.rollout.hf_engine import HFEngine
 
-WARM_START_STEPS = 120
+WARM_START_STEPS = 400
 LOGPROBS_K = 20
 
 
