@@ -57,6 +57,24 @@ class Generation:
     extra: dict = field(default_factory=dict)
 
 
+@dataclass
+class EngineStats:
+    """Running token counts of an engine, over all ``generate`` calls.
+
+    Attributes:
+        prefill_tokens_requested: total length of all prefixes passed in (duplicates included).
+        prefill_tokens_computed: prefix tokens actually run through the model (shared spans or
+            cached blocks once; pads not counted).
+        generated_tokens: tokens sampled.
+        calls: ``generate`` calls.
+    """
+
+    prefill_tokens_requested: int = 0
+    prefill_tokens_computed: int = 0
+    generated_tokens: int = 0
+    calls: int = 0
+
+
 @runtime_checkable
 class GenerationEngine(Protocol):
     """An inference engine the tree rollout can drive (HF transformers or vLLM)."""

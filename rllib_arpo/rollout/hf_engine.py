@@ -34,25 +34,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
 from rllib_arpo.core.entropy import entropy_from_logits, normalize_entropy
-from rllib_arpo.rollout.engine import Generation, SamplingParams
-
-
-@dataclass
-class EngineStats:
-    """Running token counts of an engine, over all ``generate`` calls.
-
-    Attributes:
-        prefill_tokens_requested: total length of all prefixes passed in (duplicates included).
-        prefill_tokens_computed: prefix tokens actually run through the model (shared spans once;
-            pads not counted).
-        generated_tokens: tokens sampled.
-        calls: ``generate`` calls.
-    """
-
-    prefill_tokens_requested: int = 0
-    prefill_tokens_computed: int = 0
-    generated_tokens: int = 0
-    calls: int = 0
+from rllib_arpo.rollout.engine import EngineStats, Generation, SamplingParams
 
 
 @dataclass(eq=False)

@@ -202,8 +202,9 @@ class TreeRollout:
         for path in paths:
             tree = trees[path.tree]
             head = heads[id(path)].token_ids if id(path) in heads else []
-            prefixes.append(tree.prompt_ids + tree.response_ids(path.node) + head)
-            limits.append(self._room(trees, path) - len(head))
+            response = tree.response_ids(path.node)
+            prefixes.append(tree.prompt_ids + response + head)
+            limits.append(s.max_response_tokens - len(response) - len(head))
         cap = max(limits) if max_new_tokens is None else min(max_new_tokens, max(limits))
         params = SamplingParams(
             max_new_tokens=cap,

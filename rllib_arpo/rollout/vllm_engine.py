@@ -37,8 +37,7 @@ from vllm import SamplingParams as VLLMSamplingParams
 from vllm.inputs import TokensPrompt
 
 from rllib_arpo.core.entropy import entropy_from_topk_logprobs, normalize_entropy
-from rllib_arpo.rollout.engine import Generation, SamplingParams
-from rllib_arpo.rollout.hf_engine import EngineStats
+from rllib_arpo.rollout.engine import EngineStats, Generation, SamplingParams
 
 
 class VLLMEngine:

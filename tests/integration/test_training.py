@@ -5,6 +5,8 @@ import torch
 from ray import tune
 from ray.rllib.core import DEFAULT_MODULE_ID
 
+from rllib_arpo.learner.rl_module import hf_state_dict
+
 pytestmark = pytest.mark.integration
 
 REQUIRED_RUNNER_METRICS = (
@@ -17,7 +19,7 @@ REQUIRED_LEARNER_METRICS = ("policy_loss", "clip_fraction", "approx_kl", "total_
 
 def learner_weights(algo) -> dict[str, torch.Tensor]:
     module = algo.learner_group._learner.module[DEFAULT_MODULE_ID]
-    return {k.removeprefix("model."): v.detach().clone() for k, v in module.state_dict().items()}
+    return {k: v.clone() for k, v in hf_state_dict(module.get_state()).items()}
 
 
 def runner_weights(runner) -> tuple[int, dict[str, torch.Tensor]]:
