@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from rllib_arpo.models.tiny_policy import SFT_STEPS, VOCAB_SIZE, save_tiny_policy
+from rllib_arpo.models.tiny_policy import COPY_DRILL_STEPS, SFT_STEPS, VOCAB_SIZE, save_tiny_policy
 
 
 def main() -> None:
@@ -21,11 +21,12 @@ def main() -> None:
     parser.add_argument("--hidden-size", type=int, default=128, help="must be 64 * --num-heads")
     parser.add_argument("--num-layers", type=int, default=2)
     parser.add_argument("--num-heads", type=int, default=2)
-    parser.add_argument("--num-kv-heads", type=int, default=1)
+    parser.add_argument("--num-kv-heads", type=int, default=2)
     parser.add_argument("--intermediate-size", type=int, default=256)
     parser.add_argument("--max-position-embeddings", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0, help="seed of the random initial weights")
     parser.add_argument("--sft-steps", type=int, default=SFT_STEPS, help="warm-start SFT steps (0: no SFT)")
+    parser.add_argument("--copy-drill-steps", type=int, default=COPY_DRILL_STEPS, help="copy-drill steps before the SFT")
     args = parser.parse_args()
     directory = save_tiny_policy(
         args.out,
@@ -39,6 +40,7 @@ def main() -> None:
         max_position_embeddings=args.max_position_embeddings,
         seed=args.seed,
         sft_steps=args.sft_steps,
+        copy_drill_steps=args.copy_drill_steps,
     )
     print(f"saved the tiny policy to {directory}")
 

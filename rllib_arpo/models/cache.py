@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 TINY_POLICY_NAME = "tiny"
-TINY_POLICY_DIRECTORY = "tiny_policy_v3"
-"""Versioned: v3 holds the policy warm-started on fresh demonstrations, so an older cache is never reused."""
+TINY_POLICY_DIRECTORY = "tiny_policy_v4"
+"""Versioned: v4 holds the policy with a copy drill before its warm start, so an older cache is never reused."""
 
 
 def cache_dir() -> Path:

@@ -10,6 +10,15 @@ has to learn to copy (the entity name into the query, the looked-up number into 
 result into the answer). The warm-started policy therefore follows the format but is far from
 always right, which leaves RL something to improve.
 
+Copying is learned first, on a drill: ``copy_drill_sequences`` asks the policy to repeat strings of
+random tokens. A 2-layer policy trained on transcripts alone barely learns in-context copying in a
+few thousand steps (about 20% of the digits it has to copy are right, teacher-forced, after 2000
+steps), because copying needs induction heads (a head that attends to the token after an earlier
+occurrence of the current token, and one that moves each token's predecessor into it) and the
+transcripts' copied tokens are a small share of their loss. On the drill every trained token is a
+copy, the heads form within about 600 steps, and the transcript SFT after it reaches 99.7% of the
+digits right.
+
 Each training sequence is tokenised the way the tree rollout builds it: the prompt, then the
 model's text up to each tool's closing tag, then the tool segment
 ``encode(" <result>") + encode(text)[:max_tool_result_tokens] + encode("</result>")``, and so on,
@@ -44,6 +53,11 @@ DEFAULT_QUALITY_MIX: dict[str, float] = {
     "arithmetic_slip": 0.2,
 }
 """Share of each demonstration quality in the SFT data (see ``tir_task.demonstration``)."""
+
+COPY_DRILL_PROMPT = "Question: Repeat "
+COPY_DRILL_ANSWER = "\nAnswer: "
+COPY_DRILL_LENGTHS = (4, 12)
+"""A copy drill repeats a string of 4 to 11 random tokens (``copy_drill_sequences``)."""
 
 MAX_TOOL_RESULT_TOKENS = 96
 """Tool results are cut to this many tokens, as the rollout of ``tuned_examples/arpo_tiny.yaml`` does."""
@@ -160,6 +174,23 @@ def sft_dataset(
     return [encode_transcript(tokenizer, prompt, transcript, max_tool_result_tokens) for prompt, transcript in pairs]
 
 
+def copy_drill_sequences(tokenizer: PreTrainedTokenizerBase, rng: np.random.Generator, count: int) -> list[SFTSequence]:
+    """``count`` copy drills: ``"Question: Repeat " + s + "\nAnswer: " + s + EOS`` for a string ``s``
+    of ``COPY_DRILL_LENGTHS`` random tokens of the base vocabulary (special tokens and the added
+    tags excluded), trained (mask 1) on the repeated ``s`` and the EOS only."""
+    special = set(tokenizer.all_special_ids)
+    pool = np.array([i for i in range(tokenizer.vocab_size) if i not in special])
+    prompt = tokenizer.encode(COPY_DRILL_PROMPT, add_special_tokens=False)
+    answer = tokenizer.encode(COPY_DRILL_ANSWER, add_special_tokens=False)
+    sequences = []
+    for _ in range(count):
+        tokens = rng.choice(pool, size=int(rng.integers(*COPY_DRILL_LENGTHS))).tolist()
+        context = prompt + tokens + answer
+        copy = tokens + [tokenizer.eos_token_id]
+        sequences.append(SFTSequence(context + copy, [0] * len(context) + [1] * len(copy)))
+    return sequences
+
+
 def length_pooled_batches(lengths: list[int], batch_size: int, rng: np.random.Generator) -> list[list[int]]:
     """Consecutive batches of indices into ``lengths``: every pool of ``LENGTH_POOL_BATCHES *
     batch_size`` consecutive sequences is sorted by length, cut into batches, and the pool's
@@ -203,47 +234,57 @@ def warm_start(
     tokenizer: PreTrainedTokenizerBase,
     *,
     steps: int = 300,
+    copy_drill_steps: int = 0,
     batch_size: int = 16,
-    lr: float = 8e-3,
+    lr: float = 1e-3,
     quality_mix: Mapping[str, float] = DEFAULT_QUALITY_MIX,
     seed: int = 0,
     num_threads: int | None = None,
     progress: bool = True,
 ) -> list[float]:
-    """Fine-tune ``model`` in place on ``steps * batch_size`` fresh demonstrations (``sft_dataset``),
-    each seen once; returns the loss of every step.
+    """Fine-tune ``model`` in place: ``copy_drill_steps`` steps on copy drills
+    (``copy_drill_sequences``), then ``steps`` steps on fresh demonstrations (``sft_dataset``),
+    every sequence seen once; returns the loss of every step (drill steps first).
 
-    Plain AdamW (weight decay 0.01) with the learning rate warmed up linearly over the first 10%
-    of the steps and decayed linearly to 0 after; every step a new batch of ``batch_size``
-    sequences, right-padded. To pad little, each run of ``LENGTH_POOL_BATCHES`` batches is cut
-    from its sequences sorted by length and then shuffled. ``seed`` fixes the demonstrations, so the same seed gives the same
-    weights (the model has no dropout). Torch uses ``num_threads`` threads (default
-    ``os.cpu_count()``) during the loop and the previous setting after it. The model is left in
-    eval mode.
+    Each phase is a plain AdamW run (weight decay 0.01) on a new batch of ``batch_size`` sequences
+    a step, right-padded: the drill at a constant learning rate ``lr``, the demonstrations with
+    ``lr`` warmed up linearly over their first 10% of steps and decayed linearly to 0 after. To pad
+    little, each run of ``LENGTH_POOL_BATCHES`` demonstration batches is cut from its sequences
+    sorted by length and then shuffled. ``seed`` fixes the drills and demonstrations, so the same
+    seed gives the same weights (the model has no dropout). Torch uses ``num_threads`` threads
+    (default ``os.cpu_count()``) during training and the previous setting after it. The model is
+    left in eval mode.
     """
     rng = np.random.default_rng(seed)
+    drills = copy_drill_sequences(tokenizer, rng, copy_drill_steps * batch_size)
     dataset = sft_dataset(tokenizer, rng, quality_mix, steps * batch_size)
-    batches = length_pooled_batches([len(sequence.input_ids) for sequence in dataset], batch_size, rng)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    demonstration_batches = length_pooled_batches([len(sequence.input_ids) for sequence in dataset], batch_size, rng)
     warmup = max(1, steps // 10)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min((step + 1) / warmup, (steps - step) / max(1, steps - warmup))
-    )
+    phases = [
+        ("copy drill", [drills[i : i + batch_size] for i in range(0, len(drills), batch_size)], lambda step: 1.0),
+        (
+            "warm-start SFT",
+            [[dataset[i] for i in batch] for batch in demonstration_batches],
+            lambda step: min((step + 1) / warmup, (steps - step) / max(1, steps - warmup)),
+        ),
+    ]
     losses: list[float] = []
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(num_threads or os.cpu_count() or 1)
     model.train()
     try:
-        bar = tqdm(range(steps), desc="warm-start SFT", disable=not progress)
-        for step in bar:
-            batch = pad_batch([dataset[i] for i in batches[step]], tokenizer.pad_token_id)
-            loss = sft_loss(model, batch)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            losses.append(loss.item())
-            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        for name, batches, lr_scale in phases:
+            optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+            schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_scale)
+            bar = tqdm(batches, desc=name, disable=not progress or not batches)
+            for batch in bar:
+                loss = sft_loss(model, pad_batch(batch, tokenizer.pad_token_id))
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                schedule.step()
+                losses.append(loss.item())
+                bar.set_postfix(loss=f"{losses[-1]:.3f}")
     finally:
         model.eval()
         torch.set_num_threads(previous_threads)

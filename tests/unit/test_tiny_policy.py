@@ -80,10 +80,10 @@ def test_model_shapes_and_forward(tokenizer):
     attention = model.model.layers[0].self_attn
     assert attention.head_dim == 64 == config.hidden_size // config.num_attention_heads
     assert attention.q_proj.weight.shape == (2 * 64, 128)  # num_heads * head_dim
-    assert attention.k_proj.weight.shape == (1 * 64, 128)  # num_kv_heads * head_dim
+    assert attention.k_proj.weight.shape == (2 * 64, 128)  # num_kv_heads * head_dim
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # tied
-    # per layer: q 128*128+128, k and v 64*128+64 each, o 128*128, MLP 3*128*256, 2 norms of 128
-    per_layer = (128 * 128 + 128) + 2 * (64 * 128 + 64) + 128 * 128 + 3 * 128 * 256 + 2 * 128
+    # per layer: q, k and v 128*128+128 each, o 128*128, MLP 3*128*256, 2 norms of 128
+    per_layer = 3 * (128 * 128 + 128) + 128 * 128 + 3 * 128 * 256 + 2 * 128
     assert sum(p.numel() for p in model.parameters()) == len(tokenizer) * 128 + 2 * per_layer + 128
 
     ids = torch.tensor([tokenizer.encode("Question: What is 3817 * 29 + 112?\nAnswer: <think>")] * 2)

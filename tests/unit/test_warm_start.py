@@ -9,8 +9,12 @@ from rllib_arpo.data.datasets import PromptExample
 from rllib_arpo.data.tir_task import SPLIT_NAMES, TIRExample, TIRTask, format_prompt
 from rllib_arpo.eval.evaluate import evaluate_policy
 from rllib_arpo.models.tiny_policy import build_tiny_policy, build_tokenizer
+from rllib_arpo.models.tiny_policy import TAG_TOKENS
 from rllib_arpo.models.warm_start import (
+    COPY_DRILL_ANSWER,
+    COPY_DRILL_PROMPT,
     LENGTH_POOL_BATCHES,
+    copy_drill_sequences,
     encode_transcript,
     evaluate_arithmetic,
     fresh_demonstrations,
@@ -156,6 +160,26 @@ def test_pad_batch_and_loss_count_only_trained_tokens(tokenizer):
     assert torch.allclose(both, expected, atol=1e-5)
 
 
+def test_copy_drill_trains_exactly_the_repeated_tokens(tokenizer):
+    prompt = tokenizer.encode(COPY_DRILL_PROMPT)
+    answer = tokenizer.encode(COPY_DRILL_ANSWER)
+    tags = set(tokenizer.convert_tokens_to_ids(list(TAG_TOKENS)))
+    drills = copy_drill_sequences(tokenizer, np.random.default_rng(0), 200)
+    assert len(drills) == 200
+    lengths = set()
+    for drill in drills:
+        ids, mask = drill.input_ids, drill.loss_mask
+        n = (len(ids) - len(prompt) - len(answer) - 1) // 2  # prompt, s, answer, s, EOS
+        lengths.add(n)
+        tokens = ids[len(prompt) : len(prompt) + n]
+        assert ids == prompt + tokens + answer + tokens + [tokenizer.eos_token_id]
+        assert mask == [0] * (len(prompt) + n + len(answer)) + [1] * (n + 1)
+        assert not (set(tokens) & (tags | {tokenizer.eos_token_id}))
+    assert lengths == set(range(4, 12))
+    again = copy_drill_sequences(tokenizer, np.random.default_rng(0), 200)
+    assert [d.input_ids for d in again] == [d.input_ids for d in drills]
+
+
 def test_warm_start_lowers_the_loss_and_is_seeded(tokenizer):
     model = build_tiny_policy(tokenizer, **SMALL_MODEL)
     dataset = sft_dataset(tokenizer, np.random.default_rng(0), PERFECT_ONLY, 12 * 3)  # what seed 0 trains on
@@ -166,7 +190,7 @@ def test_warm_start_lowers_the_loss_and_is_seeded(tokenizer):
     losses = warm_start(model, tokenizer, seed=0, **kwargs)
     with torch.no_grad():
         after = sft_loss(model, everything).item()
-    assert len(losses) == 12
+    assert len(losses) == 12  # no copy drill by default
     assert before > 5.5  # about log(412) = 6.02 at initialisation
     assert after < before - 1.5
     assert not model.training
@@ -178,6 +202,11 @@ def test_warm_start_lowers_the_loss_and_is_seeded(tokenizer):
     weights, same, different = model.state_dict(), again.state_dict(), other.state_dict()
     assert all(torch.equal(weights[name], same[name]) for name in weights)
     assert not torch.equal(weights["model.embed_tokens.weight"], different["model.embed_tokens.weight"])
+
+    drilled = build_tiny_policy(tokenizer, **SMALL_MODEL)
+    drill_and_sft = warm_start(drilled, tokenizer, seed=0, copy_drill_steps=5, **kwargs)
+    assert len(drill_and_sft) == 5 + 12
+    assert not torch.equal(drilled.state_dict()["model.embed_tokens.weight"], weights["model.embed_tokens.weight"])
 
 
 class ScriptedEngine:
