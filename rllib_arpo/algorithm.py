@@ -73,8 +73,8 @@ class ARPOConfig(AlgorithmConfig):
     ``clip_eps_high`` (DAPO's clip-higher: 0.28), ``dual_clip``, ``loss_agg_mode``,
     ``token_sum_norm``, ``kl_coef``, ``kl_kind``, ``dynamic_sampling`` (DAPO: drop prompts whose
     trajectories all got the same reward), ``micro_batch_size`` (rows per forward/backward;
-    gradients accumulate), ``max_grad_norm``, ``weight_decay``, plus RLlib's ``lr``,
-    ``num_epochs`` and ``minibatch_size``.
+    gradients accumulate), ``weight_decay``, plus RLlib's ``lr``, ``grad_clip`` (default 1.0, by
+    ``grad_clip_by="global_norm"``), ``num_epochs`` and ``minibatch_size``.
     """
 
     def __init__(self, algo_class=None):
@@ -131,7 +131,8 @@ class ARPOConfig(AlgorithmConfig):
         self.kl_kind = "k3"
         self.dynamic_sampling = False
         self.micro_batch_size = 8
-        self.max_grad_norm = 1.0
+        self.grad_clip = 1.0
+        self.grad_clip_by = "global_norm"
         self.weight_decay = 0.0
         self.lr = 1e-6
         self.num_epochs = 1
@@ -245,7 +246,7 @@ _REWARD_FIELDS = ("format_penalty", "correctness", "multi_tool_bonus", "multi_to
 _LEARNING_FIELDS = (
     "advantage_estimator", "entropy_advantage_coef", "policy_loss", "clip_eps_low", "clip_eps_high",
     "dual_clip", "loss_agg_mode", "token_sum_norm", "kl_coef", "kl_kind", "dynamic_sampling",
-    "micro_batch_size", "max_grad_norm", "weight_decay",
+    "micro_batch_size", "weight_decay",
 )  # fmt: skip
 
 
@@ -334,6 +335,27 @@ class ARPO(Algorithm):
             [metrics] = self.env_runner_group.foreach_env_runner(evaluate, local_env_runner=False, remote_worker_ids=[1])
         for key, value in {**metrics, "after_iteration": after_iteration}.items():
             self.metrics.log_value(("evaluation", key), value, window=1)
+
+    def get_state(self, *args, **kwargs) -> dict:
+        return {**super().get_state(*args, **kwargs), "weights_version": self.weights_version}
+
+    def set_state(self, state: dict) -> None:
+        super().set_state(state)
+        self.weights_version = state.get("weights_version", self.weights_version)
+        self._label_runner_weights()
+
+    def restore_from_path(self, path, *args, **kwargs) -> None:
+        super().restore_from_path(path, *args, **kwargs)
+        self._label_runner_weights()
+
+    def _label_runner_weights(self) -> None:
+        """RLlib pushes restored learner weights to the EnvRunners as version 0 (RLlib's own
+        sync, after ``set_state`` too); give them the restored version number."""
+        version = self.weights_version
+        self.env_runner_group.foreach_env_runner(
+            lambda runner: runner.set_state({"weights_version": version}),
+            local_env_runner=self.config.num_env_runners == 0,
+        )
 
     def sync_policy_weights(self) -> None:
         """Send the learner's current weights to every EnvRunner as version ``weights_version + 1``."""

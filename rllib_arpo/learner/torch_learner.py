@@ -6,7 +6,9 @@ comes from ``core.losses`` (``config.policy_loss``). The batch is split into mic
 ``config.micro_batch_size`` rows whose gradients accumulate, so memory is bounded by the
 micro-batch while the loss equals the whole batch's loss: each micro-batch loss is weighted by
 its share of the batch's aggregation denominator (trained tokens for ``token-mean``, sequences
-with trained tokens for the ``seq-mean-*`` modes).
+with trained tokens for the ``seq-mean-*`` modes). The accumulated gradients then go through
+RLlib's own ``postprocess_gradients`` (``grad_clip`` / ``grad_clip_by``, global norm logged as
+``gradients_default_optimizer_global_norm``) and ``apply_gradients``.
 """
 
 from __future__ import annotations
@@ -81,11 +83,8 @@ class ARPOTorchLearner(TorchLearner):
         for mid, module_batch in batch.items():
             config = self.config.get_config_for_module(mid)
             loss_per_module[mid] = self._accumulate_gradients(mid, config, module_batch)
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            list(self._params.values()), config.max_grad_norm
-        )
-        self.metrics.log_value("grad_norm", float(grad_norm), window=1)
-        self.apply_gradients({})
+        gradients = {pid: param.grad for pid, param in self._params.items() if param.grad is not None}
+        self.apply_gradients(self.postprocess_gradients(gradients))
         return {}, loss_per_module, {}
 
     def _accumulate_gradients(self, mid, config, module_batch: dict[str, Any]) -> torch.Tensor:

@@ -186,7 +186,8 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
 
     def set_state(self, state: dict) -> None:
         """Load ``{"weights": state_dict | ObjectRef, "weights_version": v}``; RLlib's initial
-        sync (the learner's module state under ``rl_module``) is accepted too."""
+        sync (the learner's module state under ``rl_module``) is accepted too, as version 0, and
+        ``{"weights_version": v}`` alone relabels the loaded weights (after a restore)."""
         if "weights" in state:
             weights = state["weights"]
             if isinstance(weights, ray.ObjectRef):
@@ -197,6 +198,8 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
             if isinstance(module_state, ray.ObjectRef):
                 module_state = ray.get(module_state)
             self.engine.update_weights(hf_state_dict(module_state[DEFAULT_MODULE_ID]), 0)
+        elif "weights_version" in state:
+            self.engine.weights_version = state["weights_version"]
 
     def get_ctor_args_and_kwargs(self):
         return (), {"config": self.config}

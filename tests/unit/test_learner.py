@@ -173,6 +173,23 @@ def test_update_changes_weights_and_reports_metrics(model_dir):
     largest_step = max(float((after[k] - before[k]).abs().max()) for k in before)
     assert largest_step == pytest.approx(LR, rel=1e-3)
 
-    assert results["grad_norm"].peek() == pytest.approx(float(expected_grad_norm), rel=1e-5)
     module_metrics = results[DEFAULT_MODULE_ID]
+    assert module_metrics["gradients_default_optimizer_global_norm"].peek() == pytest.approx(
+        float(expected_grad_norm), rel=1e-5
+    )
     assert module_metrics["clip_fraction"].peek() == pytest.approx(expected_clip_fraction, abs=1e-6)
+
+
+@pytest.mark.parametrize("grad_clip", [1e-3, None])
+def test_rllib_grad_clip_scales_the_global_norm(model_dir, grad_clip):
+    learner = build_learner(model_dir, grad_clip=grad_clip)
+    batch = training_batch(learner)
+    unclipped = torch.linalg.vector_norm(torch.stack([g.norm() for g in gradients(learner, batch).values()]))
+    assert unclipped > 1e-2
+    numpy_batch = SampleBatch({k: v.numpy() for k, v in batch.items()})
+    trained = int((batch["loss_mask"] > 0).sum())
+    learner.update(batch=MultiAgentBatch({DEFAULT_MODULE_ID: numpy_batch}, env_steps=trained))
+    # the gradients the optimizer stepped with stay on the parameters until the next update
+    applied = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in module_of(learner).parameters()]))
+    expected = grad_clip if grad_clip is not None else unclipped
+    assert float(applied) == pytest.approx(float(expected), rel=1e-4)
