@@ -10,9 +10,10 @@ the task corpus, the Python sandbox), every engine runs:
   forks at every tool call while the budget lasts; ``arpo`` is the stochastic ARPO rule
   p = clip(tau + beta * dH, 0, 1) with tau = 0.5, beta = 0.2).
 
-Reported per run: wall time (generation + tools), tokens generated, prefill tokens requested and
-actually computed (HF: shared spans of one call encoded once; vLLM: minus its prefix-cache hits,
-which also span calls), and the tree/flat wall-time ratio per engine. vLLM's prefix cache is
+Reported per run: wall time (generation + tools), generation rounds, tool calls, tokens
+generated, prefill tokens requested and actually computed (HF: shared spans of one call encoded
+once; vLLM: minus its prefix-cache hits, which also span calls), and the tree/flat ratios of wall
+time, generation time, tool time and tool calls per engine. vLLM's prefix cache is
 cleared before every run, so no run reuses another's KV blocks.
 """
 
@@ -45,6 +46,8 @@ class RunResult:
     tool_s: float
     trajectories: int
     branches: int
+    rounds: int
+    tool_calls: int
     generated_tokens: int
     prefill_requested: int
     prefill_computed: int
@@ -65,6 +68,7 @@ def build_engine(name: str, model_path: str, args: argparse.Namespace):
 
 
 def run_once(engine, tools, branching, settings, prompts, seed: int) -> RunResult:
+    from rllib_arpo.core.tree import SegmentKind
     from rllib_arpo.rollout.tree_rollout import TreeRollout
 
     if hasattr(engine, "clear_prefix_cache"):
@@ -79,6 +83,8 @@ def run_once(engine, tools, branching, settings, prompts, seed: int) -> RunResul
         tool_s=stats.tool_s,
         trajectories=sum(tree.num_trajectories for tree in trees),
         branches=stats.branches,
+        rounds=stats.rounds,
+        tool_calls=sum(segment.kind == SegmentKind.TOOL for tree in trees for segment in tree.segments),
         generated_tokens=sum(tree.num_generated_tokens() for tree in trees),
         prefill_requested=engine.stats.prefill_tokens_requested - before[0],
         prefill_computed=engine.stats.prefill_tokens_computed - before[1],
@@ -156,20 +162,23 @@ def print_table(results: dict[str, dict[str, RunResult]], args: argparse.Namespa
         f"branching = {args.branching}, temperature = {args.temperature}"
     )
     header = f"{'engine':6} {'run':4} {'wall s':>8} {'gen s':>8} {'tool s':>7} {'traj':>5} {'branch':>6} " \
+             f"{'rounds':>6} {'tools':>5} " \
              f"{'gen tok':>8} {'prefill req':>11} {'prefill done':>12} {'tok/s':>8}"
     print(header)
     for name, runs in results.items():
         for run, r in runs.items():
             print(
                 f"{name:6} {run:4} {r.wall_s:8.2f} {r.generation_s:8.2f} {r.tool_s:7.2f} {r.trajectories:5d} "
-                f"{r.branches:6d} {r.generated_tokens:8d} {r.prefill_requested:11d} {r.prefill_computed:12d} "
+                f"{r.branches:6d} {r.rounds:6d} {r.tool_calls:5d} {r.generated_tokens:8d} {r.prefill_requested:11d} {r.prefill_computed:12d} "
                 f"{r.generated_tokens / r.wall_s:8.1f}"
             )
     print()
     for name, runs in results.items():
         flat, tree = runs["flat"], runs["tree"]
         print(
-            f"{name}: tree/flat wall {tree.wall_s / flat.wall_s:.2f}x, generated tokens "
+            f"{name}: tree/flat wall {tree.wall_s / flat.wall_s:.2f}x, generation time "
+            f"{tree.generation_s / flat.generation_s:.2f}x, tool time {tree.tool_s / flat.tool_s:.2f}x, tool calls "
+            f"{tree.tool_calls / max(flat.tool_calls, 1):.2f}x, generated tokens "
             f"{tree.generated_tokens / flat.generated_tokens:.2f}x, prefill computed "
             f"{tree.prefill_computed / max(flat.prefill_computed, 1):.2f}x"
         )
