@@ -34,11 +34,6 @@ class AlwaysBranch:
         return True
 
 
-class NeverBranch:
-    def should_branch(self, delta_entropy: float, consecutive_branches: int = 0, rng=None) -> bool:
-        return False
-
-
 @dataclass
 class RunResult:
     wall_s: float
@@ -113,7 +108,7 @@ def main() -> None:
     # package pulls in bm25s -> numba, whose llvmlite FFI wrapper breaks vLLM 0.32's kernel scan
     # at worker start-up ("'_lib_fn_wrapper' object has no attribute 'get'").
     import rllib_arpo.tools  # noqa: F401  (registers the tools)
-    from rllib_arpo.core.branching import make_branching_policy
+    from rllib_arpo.core.branching import NoBranching, make_branching_policy
     from rllib_arpo.data.tir_task import TIRTask, format_prompt
     from rllib_arpo.models.cache import resolve_model_path
     from rllib_arpo.rollout.engine import SamplingParams
@@ -146,7 +141,7 @@ def main() -> None:
         print(f"[{name}] engine ready in {time.perf_counter() - start:.1f} s", flush=True)
         engine.generate(prompts[:1], SamplingParams(max_new_tokens=8))  # first-call overheads
         results[name] = {
-            "flat": run_once(engine, tools, NeverBranch(), flat, prompts, args.seed),
+            "flat": run_once(engine, tools, NoBranching(), flat, prompts, args.seed),
             "tree": run_once(engine, tools, tree_branching, tree, prompts, args.seed),
         }
         if hasattr(engine, "close"):

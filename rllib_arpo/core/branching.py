@@ -46,6 +46,18 @@ class BranchingPolicy(Protocol):
     ) -> bool: ...
 
 
+class NoBranching:
+    """Never forks: every trajectory starts at the prompt (flat sampling; held-out evaluation)."""
+
+    def should_branch(
+        self,
+        delta_entropy: float,
+        consecutive_branches: int = 0,
+        rng: np.random.Generator | None = None,
+    ) -> bool:
+        return False
+
+
 def _check_finite(name: str, value: float) -> None:
     if not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value}")

