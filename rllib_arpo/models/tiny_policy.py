@@ -84,8 +84,7 @@ def build_tiny_policy(
     ``hidden_size`` must equal 64 * ``num_heads`` (head_dim 64) and ``num_heads`` must be a
     multiple of ``num_kv_heads`` (grouped-query attention; the default gives every head its own
     keys and values, with which the copying heads form about twice as fast as with one shared
-    pair). ``seed`` fixes the initial weights
-    without touching the global torch random state.
+    pair). ``seed`` fixes the initial weights without touching the global torch random state.
     """
     if hidden_size != HEAD_DIM * num_heads:
         raise ValueError(f"hidden_size must be {HEAD_DIM} * num_heads = {HEAD_DIM * num_heads}, got {hidden_size}")
@@ -135,8 +134,9 @@ def save_tiny_policy(
 ) -> Path:
     """Build the tokenizer on ``tokenizer_texts(task_seed)`` and a fresh tiny policy over it,
     warm-start it with ``copy_drill_steps`` copy-drill steps and ``sft_steps`` SFT steps
-    (``models.warm_start`` defaults otherwise; ``sft_steps`` 0 keeps the random initialisation), and save both into ``directory`` as a standard ``save_pretrained`` directory
-    (what the ``Auto*`` classes and vLLM read). ``model_kwargs`` go to ``build_tiny_policy``.
+    (``models.warm_start`` defaults otherwise; ``sft_steps`` 0 keeps the random initialisation),
+    and save both into ``directory`` as a standard ``save_pretrained`` directory (what the
+    ``Auto*`` classes and vLLM read). ``model_kwargs`` go to ``build_tiny_policy``.
     Returns the directory."""
     directory = Path(directory)
     tokenizer = build_tokenizer(tokenizer_texts(task_seed), vocab_size=vocab_size)
