@@ -10,18 +10,25 @@ the task corpus, the Python sandbox), every engine runs:
   forks at every tool call while the budget lasts; ``arpo`` is the stochastic ARPO rule
   p = clip(tau + beta * dH, 0, 1) with tau = 0.5, beta = 0.2).
 
-Reported per run: wall time (generation + tools), generation rounds, tool calls, tokens
-generated, prefill tokens requested and actually computed (HF: shared spans of one call encoded
-once; vLLM: minus its prefix-cache hits, which also span calls), and the tree/flat ratios of wall
-time, generation time, tool time and tool calls per engine. vLLM's prefix cache is
-cleared before every run, so no run reuses another's KV blocks.
+Each engine runs flat and tree alternately ``--repeats`` times (flat, tree, flat, tree, ...) and
+every figure is the median over the repeats; the wall-time ratio also gives its range over the
+pairs. Reported per run: wall time (generation + tools), generation rounds, tool calls, tokens
+generated (those in the trees; ``dropped``: phase-1 tokens of would-be children whose fork was
+declined), prefill tokens requested and actually computed (HF: shared spans of one call encoded
+once; vLLM: minus its prefix-cache hits, which also span calls), and the tree/flat ratios of
+wall time, generation time, tool time and tool calls per engine. vLLM's prefix cache is cleared
+before every run, so no run reuses another's KV blocks.
+
+For a model of realistic size that still calls tools, ``scripts/expand_policy.py`` grows the
+tiny policy into Qwen2.5-0.5B's shape without changing what it samples.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -44,8 +51,14 @@ class RunResult:
     rounds: int
     tool_calls: int
     generated_tokens: int
+    discarded_tokens: int
     prefill_requested: int
     prefill_computed: int
+
+
+def median_result(runs: list[RunResult]) -> RunResult:
+    """Field-wise (lower) median of repeated runs; the counts of a seeded run repeat exactly."""
+    return RunResult(**{f.name: statistics.median_low(getattr(r, f.name) for r in runs) for f in fields(RunResult)})
 
 
 def build_engine(name: str, model_path: str, args: argparse.Namespace):
@@ -81,6 +94,7 @@ def run_once(engine, tools, branching, settings, prompts, seed: int) -> RunResul
         rounds=stats.rounds,
         tool_calls=sum(segment.kind == SegmentKind.TOOL for tree in trees for segment in tree.segments),
         generated_tokens=sum(tree.num_generated_tokens() for tree in trees),
+        discarded_tokens=stats.discarded_tokens,
         prefill_requested=engine.stats.prefill_tokens_requested - before[0],
         prefill_computed=engine.stats.prefill_tokens_computed - before[1],
     )
@@ -103,6 +117,7 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--vllm-block-size", type=int, default=None, help="KV block size (prefix-cache granularity)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=3, help="flat/tree pairs per engine; figures are medians")
     args = parser.parse_args()
     # Imported here, not at the top: vLLM's CPU workers start by re-importing this script, and the
     # package pulls in bm25s -> numba, whose llvmlite FFI wrapper breaks vLLM 0.32's kernel scan
@@ -130,7 +145,10 @@ def main() -> None:
     tree = RolloutSettings(initial_rollouts=args.initial_rollouts, **common)
     tree_branching = AlwaysBranch() if args.branching == "always" else make_branching_policy("arpo", mode="stochastic")
 
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     results: dict[str, dict[str, RunResult]] = {}
+    wall_ratios: dict[str, list[float]] = {}
     for name in args.engines.split(","):
         start = time.perf_counter()
         engine = build_engine(name, model_path, args)
@@ -140,38 +158,45 @@ def main() -> None:
         ]
         print(f"[{name}] engine ready in {time.perf_counter() - start:.1f} s", flush=True)
         engine.generate(prompts[:1], SamplingParams(max_new_tokens=8))  # first-call overheads
-        results[name] = {
-            "flat": run_once(engine, tools, NoBranching(), flat, prompts, args.seed),
-            "tree": run_once(engine, tools, tree_branching, tree, prompts, args.seed),
-        }
+        runs: dict[str, list[RunResult]] = {"flat": [], "tree": []}
+        for repeat in range(args.repeats):
+            runs["flat"].append(run_once(engine, tools, NoBranching(), flat, prompts, args.seed))
+            runs["tree"].append(run_once(engine, tools, tree_branching, tree, prompts, args.seed))
+            ratio = runs["tree"][-1].wall_s / runs["flat"][-1].wall_s
+            print(f"[{name}] pair {repeat + 1}/{args.repeats}: tree/flat wall {ratio:.2f}x", flush=True)
+        results[name] = {run: median_result(r) for run, r in runs.items()}
+        wall_ratios[name] = [t.wall_s / f.wall_s for f, t in zip(runs["flat"], runs["tree"])]
         if hasattr(engine, "close"):
             engine.close()
         del engine
     tools.close()
-    print_table(results, args)
+    print_table(results, wall_ratios, args)
 
 
-def print_table(results: dict[str, dict[str, RunResult]], args: argparse.Namespace) -> None:
+def print_table(
+    results: dict[str, dict[str, RunResult]], wall_ratios: dict[str, list[float]], args: argparse.Namespace
+) -> None:
     print(
         f"\n{args.prompts} prompts, M = {args.total_rollouts}, tree N = {args.initial_rollouts}, "
-        f"branching = {args.branching}, temperature = {args.temperature}"
+        f"branching = {args.branching}, temperature = {args.temperature}, medians of {args.repeats} repeats"
     )
     header = f"{'engine':6} {'run':4} {'wall s':>8} {'gen s':>8} {'tool s':>7} {'traj':>5} {'branch':>6} " \
              f"{'rounds':>6} {'tools':>5} " \
-             f"{'gen tok':>8} {'prefill req':>11} {'prefill done':>12} {'tok/s':>8}"
+             f"{'gen tok':>8} {'dropped':>7} {'prefill req':>11} {'prefill done':>12} {'tok/s':>8}"
     print(header)
     for name, runs in results.items():
         for run, r in runs.items():
             print(
                 f"{name:6} {run:4} {r.wall_s:8.2f} {r.generation_s:8.2f} {r.tool_s:7.2f} {r.trajectories:5d} "
-                f"{r.branches:6d} {r.rounds:6d} {r.tool_calls:5d} {r.generated_tokens:8d} {r.prefill_requested:11d} {r.prefill_computed:12d} "
+                f"{r.branches:6d} {r.rounds:6d} {r.tool_calls:5d} {r.generated_tokens:8d} {r.discarded_tokens:7d} {r.prefill_requested:11d} {r.prefill_computed:12d} "
                 f"{r.generated_tokens / r.wall_s:8.1f}"
             )
     print()
     for name, runs in results.items():
         flat, tree = runs["flat"], runs["tree"]
+        ratios = wall_ratios[name]
         print(
-            f"{name}: tree/flat wall {tree.wall_s / flat.wall_s:.2f}x, generation time "
+            f"{name}: tree/flat wall {tree.wall_s / flat.wall_s:.2f}x (pairs {min(ratios):.2f}-{max(ratios):.2f}x), generation time "
             f"{tree.generation_s / flat.generation_s:.2f}x, tool time {tree.tool_s / flat.tool_s:.2f}x, tool calls "
             f"{tree.tool_calls / max(flat.tool_calls, 1):.2f}x, generated tokens "
             f"{tree.generated_tokens / flat.generated_tokens:.2f}x, prefill computed "
