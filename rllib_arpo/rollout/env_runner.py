@@ -137,7 +137,6 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
             "trajectories_per_s": trajectories / seconds,
             "generated_tokens": generated,
             "generated_tokens_per_s": generated / seconds,
-            "discarded_tokens": stats.discarded_tokens,
             "rollout_s": seconds,
             "generation_s": stats.generation_s,
             "tool_s": stats.tool_s,
