@@ -56,8 +56,11 @@ class ARPOConfig(AlgorithmConfig):
     probability clip(tau + beta * dH, 0, 1), the reference code's rule), ``alpha``, ``beta``,
     ``tau``; AEPO (arXiv 2510.14545): ``aepo_pre_monitoring`` (entropy pre-monitoring of the
     global budget m), ``aepo_sensitivity`` [b], ``aepo_branch_penalty`` (consecutive-branch
-    penalty, 0.05); ``max_tool_calls``, ``max_response_tokens``, ``max_tool_result_tokens``,
-    ``temperature``, ``top_p``.
+    penalty, 0.05); ``early_children`` (start would-be children next to their parent's k
+    deciding tokens, dropping them if the fork is declined; None: on with ``hf``, whose time
+    follows sequential decode steps, off with ``vllm``, whose CPU time follows tokens computed);
+    ``max_tool_calls``, ``max_response_tokens``, ``max_tool_result_tokens``, ``temperature``,
+    ``top_p``.
 
     Held-out evaluation: ``held_out_interval`` (0 = off; else before the first update and after
     every ``held_out_interval`` iterations), ``held_out_dataset`` (default: the ``tir_task``'s
@@ -103,6 +106,7 @@ class ARPOConfig(AlgorithmConfig):
         self.aepo_pre_monitoring = False
         self.aepo_sensitivity = 1.0
         self.aepo_branch_penalty = 0.05
+        self.early_children = None  # None: True with the hf engine, False with vllm
         self.max_tool_calls = 3
         self.max_response_tokens = 512
         self.max_tool_result_tokens = 256
@@ -232,6 +236,8 @@ class ARPOConfig(AlgorithmConfig):
                 fail(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_tool_calls < 0:
             fail(f"max_tool_calls must be >= 0, got {self.max_tool_calls}")
+        if self.early_children is not None and not isinstance(self.early_children, bool):
+            fail(f"early_children must be true, false or null (by engine), got {self.early_children!r}")
         if self.temperature <= 0:
             fail(f"temperature must be > 0 for RL sampling, got {self.temperature}")
 
@@ -239,7 +245,7 @@ class ARPOConfig(AlgorithmConfig):
 _ROLLOUT_FIELDS = (
     "total_rollouts", "initial_rollouts", "branch_factor", "entropy_window", "branching",
     "branching_mode", "alpha", "beta", "tau", "aepo_pre_monitoring", "aepo_sensitivity",
-    "aepo_branch_penalty", "max_tool_calls", "max_response_tokens", "max_tool_result_tokens",
+    "aepo_branch_penalty", "early_children", "max_tool_calls", "max_response_tokens", "max_tool_result_tokens",
     "temperature", "top_p",
 )  # fmt: skip
 _REWARD_FIELDS = ("format_penalty", "correctness", "multi_tool_bonus", "multi_tool_set")

@@ -7,7 +7,9 @@ For a batch of prompts, every round:
 2. the new tokens become a MODEL segment of the prompt's tree. A path's first segment sets its
    H_initial (window-mean normalised entropy of its first k tokens, fresh every training step).
    A segment that follows a tool result gives H_t, and dH_t = H_t - H_initial drives the
-   branching policy: a fork adds Z - 1 children that resample from the end of that tool result;
+   branching policy: a fork adds Z - 1 children that resample from the end of that tool result
+   (with ``early_children`` they start next to the deciding tokens and are dropped if the fork is
+   declined, so they do not lag k tokens behind their parent);
 3. paths that closed a tool tag have their calls run in parallel; each result is appended as a
    TOOL segment ``" <result>...</result>"`` (loss-masked);
 4. a prompt whose paths have all ended is topped up with fresh trajectories until it has M.
@@ -47,6 +49,7 @@ class RolloutSettings:
     top_p: float = 1.0
     aepo_pre_monitoring: bool = False
     aepo_sensitivity: float = 1.0
+    early_children: bool = False
 
 
 @dataclass
@@ -69,6 +72,7 @@ class RolloutStats:
     tool_s: float = 0.0
     rounds: int = 0
     branches: int = 0
+    discarded_tokens: int = 0  # early_children: phase-1 tokens of would-be children whose fork was declined
     delta_entropies: list[float] = field(default_factory=list)
     finish_reasons: Counter = field(default_factory=Counter)
 
@@ -143,16 +147,42 @@ class TreeRollout:
 
     # --- one generation round ---------------------------------------------------------------
     def _generate_round(self, trees, budgets, active, rng, seed, stats) -> list[tuple[_Path, ToolCall]]:
-        """Phase 1: every path that may fork right after its tool result first generates its
-        first k tokens; their entropy decides the fork at once, so the children start in phase 2
-        of this same round instead of one round later. Phase 2: all paths continue until a tool
-        tag closes, EOS or the length budget."""
+        """Phase 1, in rounds where some path may fork right after its tool result (a candidate):
+        each candidate generates its first k tokens, whose entropy decides the fork. Phase 2:
+        every path, and the granted children from the end of the tool result, continues until a
+        tool tag closes, EOS or the length budget. Children so start in the round of their fork,
+        k tokens after their parent.
+
+        With ``early_children``, phase 1 runs every path, and next to each candidate its
+        would-be children (Z - 1, as far as the prompt's remaining budget goes). Granted
+        children keep their k tokens, the others are dropped (``stats.discarded_tokens``), and a
+        forking round costs no more sequential decode steps than any other. A child is sampled
+        from the same prefix whether it starts before or after the decision, and the decision
+        reads only its parent's tokens, so no distribution changes. It pays where decoding is
+        bound by sequential steps (the HF engine); where cost follows tokens computed (vLLM on
+        CPU), the dropped children and the split segments cost more than it saves."""
         s = self.settings
         deciding = [p for p in active if p.after_tool and p.may_branch and _can_branch(budgets[p.tree])]
-        heads = self._generate(trees, deciding, {}, s.entropy_window, seed * 2 + 1, stats)
-        for path in deciding:
-            window = window_mean_entropy(heads[id(path)].entropies, s.entropy_window)
-            active = active + self._decide_branch(path, window, budgets[path.tree], rng, stats)
+        heads: dict[int, Generation] = {}
+        if deciding:
+            tentative = {id(path): [] for path in deciding}
+            if s.early_children:
+                reserved = Counter()
+                for path in deciding:
+                    budget = budgets[path.tree]
+                    n = min(budget.children_per_branch(), budget.branches_remaining - reserved[path.tree])
+                    reserved[path.tree] += n
+                    tentative[id(path)] = [self._child(path) for _ in range(n)]
+            phase_one = (active if s.early_children else deciding) + [c for cs in tentative.values() for c in cs]
+            heads = self._generate(trees, phase_one, {}, s.entropy_window, seed * 2 + 1, stats)
+            forked = []
+            for path in deciding:
+                window = window_mean_entropy(heads[id(path)].entropies, s.entropy_window)
+                kept, dropped = self._decide_branch(path, window, budgets[path.tree], tentative[id(path)], rng, stats)
+                forked += kept
+                stats.discarded_tokens += sum(len(heads[id(child)].token_ids) for child in dropped)
+            active = active + forked
+        deciding_ids = {id(p) for p in deciding}
         unfinished = [p for p in active if id(p) not in heads or not _ended(heads[id(p)], self._room(trees, p))]
         tails = self._generate(trees, unfinished, heads, None, seed * 2, stats)
 
@@ -172,7 +202,7 @@ class TreeRollout:
                 path.h_initial = window
             elif path.after_tool:
                 path.tool_entropies.append(window)
-                if id(path) not in heads:  # not a candidate for a fork: only record dH
+                if id(path) not in deciding_ids:  # not a candidate for a fork: only record dH
                     stats.delta_entropies.append(window - path.h_initial)
             path.node, path.after_tool = segment, False
 
@@ -229,27 +259,33 @@ class TreeRollout:
             )
         return out
 
-    def _decide_branch(self, path, window_entropy, budget, rng, stats) -> list[_Path]:
-        """Ask the branching policy with dH = H_t - H_initial; fork children from the tool result."""
+    def _decide_branch(self, path, window_entropy, budget, tentative, rng, stats) -> tuple[list[_Path], list[_Path]]:
+        """Ask the branching policy with dH = H_t - H_initial. On a fork the budget grants up to
+        Z - 1 children: the tentative (early) ones first, then new ones starting in phase 2.
+        Returns (children, dropped tentative ones)."""
         delta = window_entropy - path.h_initial
         stats.delta_entropies.append(delta)
         if not self.branching.should_branch(delta, path.consecutive_branches, rng):
             path.consecutive_branches = 0
-            return []
+            return [], tentative
         path.consecutive_branches += 1
         granted = budget.record_branch(budget.children_per_branch())
         stats.branches += granted
-        return [
-            _Path(
-                tree=path.tree,
-                node=path.node,  # the tool segment: the fork point
-                h_initial=path.h_initial,
-                tool_calls=path.tool_calls,
-                consecutive_branches=path.consecutive_branches,
-                tool_entropies=list(path.tool_entropies),
-            )
-            for _ in range(granted)
-        ]
+        children = tentative[:granted] + [self._child(path) for _ in range(granted - len(tentative))]
+        for child in children:
+            child.consecutive_branches = path.consecutive_branches
+        return children, tentative[granted:]
+
+    @staticmethod
+    def _child(path: _Path) -> _Path:
+        """A new path that resamples from the end of ``path``'s tool result (the fork point)."""
+        return _Path(
+            tree=path.tree,
+            node=path.node,
+            h_initial=path.h_initial,
+            tool_calls=path.tool_calls,
+            tool_entropies=list(path.tool_entropies),
+        )
 
     def _finish(self, tree: RolloutTree, path: _Path, reason: str, stats: RolloutStats) -> None:
         tree.finish(path.node, reason)

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.integration
 
 REQUIRED_RUNNER_METRICS = (
     "reward_mean", "reward_max", "accuracy", "format_error_rate", "branches",
-    "entropy_change_after_tool", "trajectories_per_s", "generated_tokens_per_s",
+    "entropy_change_after_tool", "trajectories_per_s", "generated_tokens_per_s", "discarded_tokens",
     "tool_calls_per_trajectory/search", "tool_calls_per_trajectory/python",
 )  # fmt: skip
 REQUIRED_LEARNER_METRICS = ("policy_loss", "clip_fraction", "approx_kl", "total_loss")

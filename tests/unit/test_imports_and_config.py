@@ -35,6 +35,7 @@ def test_core_imports_neither_ray_nor_transformers():
         ({"dual_clip": 0.5}, "dual_clip must be > 1"),
         ({"micro_batch_size": 0}, "micro_batch_size must be >= 1"),
         ({"model_path": None}, "model_path must name"),
+        ({"early_children": "yes"}, "early_children must be true, false or null"),
     ],
 )
 def test_config_validation_names_the_field(fields, message):
@@ -46,8 +47,9 @@ def test_config_validation_names_the_field(fields, message):
 
 
 def test_fluent_setters_reject_unknown_fields():
-    config = ARPOConfig().rollouts(total_rollouts=6, initial_rollouts=3, tau=0.4).training(policy_loss="sg_clip", lr=1e-5)
-    assert (config.total_rollouts, config.initial_rollouts, config.tau) == (6, 3, 0.4)
+    config = ARPOConfig().rollouts(total_rollouts=6, initial_rollouts=3, tau=0.4, early_children=True)
+    config = config.training(policy_loss="sg_clip", lr=1e-5)
+    assert (config.total_rollouts, config.initial_rollouts, config.tau, config.early_children) == (6, 3, 0.4, True)
     assert (config.policy_loss, config.lr) == ("sg_clip", 1e-5)
     with pytest.raises(ValueError, match=r"unknown field\(s\) \['N'\]"):
         ARPOConfig().rollouts(N=4)

@@ -118,9 +118,11 @@ def children(tree: RolloutTree, parent: int | None) -> list[int]:
     return [i for i, s in enumerate(tree.segments) if s.parent == parent]
 
 
-def test_always_branch_forks_from_the_tool_segment_within_budget(tools):
+@pytest.mark.parametrize("early_children", [False, True])
+def test_always_branch_forks_from_the_tool_segment_within_budget(tools, early_children):
     engine, policy, runner = rollout(
-        SEARCH_THEN_ANSWER, tools, branch=True, initial_rollouts=2, total_rollouts=4, branch_factor=2
+        SEARCH_THEN_ANSWER, tools, branch=True, initial_rollouts=2, total_rollouts=4, branch_factor=2,
+        early_children=early_children,
     )
     prompt = TOKENIZER.encode("Q?")
     (tree,), stats = runner.run([prompt], seed=0)
@@ -157,25 +159,76 @@ def test_always_branch_forks_from_the_tool_segment_within_budget(tools):
         assert row.loss_mask.tolist() == [1.0] * 18 + [0.0] * 21 + [1.0] * 18
         assert row.old_logprobs.tolist() == [LOGPROB] * 18 + [0.0] * 21 + [LOGPROB] * 18
 
-    # round 1: the 2 prompts; round 2, phase 1: the first k = 4 tokens of the 2 paths after their
-    # results; phase 2, in the same round: the 2 paths after those 4 tokens and the 2 children
-    assert [len(prefixes) for prefixes, _ in engine.calls] == [2, 2, 4]
     assert engine.calls[0][0] == [prompt, prompt]
-    after_result = prompt + TOKENIZER.encode(SEARCH_CALL + TOOL_RESULT)
-    assert engine.calls[1][0] == [after_result] * 2 and engine.calls[1][1].max_new_tokens == WINDOW
-    assert engine.calls[2][0] == [after_result + TOKENIZER.encode(ANSWER[:WINDOW])] * 2 + [after_result] * 2
     assert engine.calls[0][1].stop_strings == ("</search>",)
+    after_result = prompt + TOKENIZER.encode(SEARCH_CALL + TOOL_RESULT)
+    after_head = after_result + TOKENIZER.encode(ANSWER[:WINDOW])
+    assert engine.calls[1][1].max_new_tokens == WINDOW
+    if early_children:
+        # round 2, phase 1: the first k = 4 tokens of the 2 paths after their results and, next
+        # to them, of their 2 would-be children; phase 2: all 4 after those 4 tokens
+        assert [len(prefixes) for prefixes, _ in engine.calls] == [2, 4, 4]
+        assert engine.calls[1][0] == [after_result] * 4
+        assert engine.calls[2][0] == [after_head] * 4
+    else:
+        # round 2, phase 1: the first k = 4 tokens of the 2 paths; phase 2, in the same round:
+        # the 2 paths after those 4 tokens and the 2 children from the tool result
+        assert [len(prefixes) for prefixes, _ in engine.calls] == [2, 2, 4]
+        assert engine.calls[1][0] == [after_result] * 2
+        assert engine.calls[2][0] == [after_head] * 2 + [after_result] * 2
     assert stats.rounds == 2
+    assert stats.discarded_tokens == 0
 
 
-def test_never_branch_tops_up_with_fresh_trajectories_from_the_prompt(tools):
+class ScriptedBranching:
+    """Answers the i-th branching question with ``decisions[i]``."""
+
+    def __init__(self, decisions: list[bool]):
+        self.decisions = list(decisions)
+
+    def should_branch(self, delta_entropy, consecutive_branches=0, rng=None) -> bool:
+        return self.decisions.pop(0)
+
+
+def test_early_children_declined_fork_drops_its_child_and_a_later_fork_starts_a_new_one(tools):
+    # early_children, M = 3, N = 2, Z = 2: one branch for two candidates. Only the first candidate's would-be
+    # child fits the budget; the first candidate declines (its child's k tokens are dropped),
+    # the second forks and gets a new child that starts from its tool result in phase 2.
+    engine = ScriptedEngine(SEARCH_THEN_ANSWER)
+    settings = RolloutSettings(
+        entropy_window=WINDOW, max_response_tokens=200, total_rollouts=3, initial_rollouts=2, early_children=True
+    )
+    runner = TreeRollout(engine, tools, ScriptedBranching([False, True]), settings)
+    prompt = TOKENIZER.encode("Q")
+    (tree,), stats = runner.run([prompt], seed=0)
+
+    assert tree.num_trajectories == 3
+    assert stats.branches == 1
+    assert stats.discarded_tokens == WINDOW
+    assert tree.finish_reasons == ["eos"] * 3
+    after_result = prompt + TOKENIZER.encode(SEARCH_CALL + TOOL_RESULT)
+    after_head = after_result + TOKENIZER.encode(ANSWER[:WINDOW])
+    assert [len(prefixes) for prefixes, _ in engine.calls] == [2, 3, 3]
+    assert engine.calls[1][0] == [after_result] * 3
+    assert engine.calls[2][0] == [after_head, after_head, after_result]
+    # the new child hangs below the second path's tool result; the first result has one continuation
+    tool_segments = [i for i, s in enumerate(tree.segments) if s.kind is SegmentKind.TOOL]
+    assert [len(children(tree, t)) for t in tool_segments] == [1, 2]
+    assert all(tree.segments[c].token_ids == TOKENIZER.encode(ANSWER) for c in children(tree, tool_segments[1]))
+
+
+@pytest.mark.parametrize("early_children", [False, True])
+def test_never_branch_tops_up_with_fresh_trajectories_from_the_prompt(tools, early_children):
     _, policy, runner = rollout(
-        SEARCH_THEN_ANSWER, tools, branch=False, initial_rollouts=2, total_rollouts=4, branch_factor=2
+        SEARCH_THEN_ANSWER, tools, branch=False, initial_rollouts=2, total_rollouts=4, branch_factor=2,
+        early_children=early_children,
     )
     trees, stats = runner.run([TOKENIZER.encode("Q1"), TOKENIZER.encode("Q2")], seed=0)
 
     assert stats.branches == 0
     assert policy.deltas == [0.5] * 4  # N = 2 initial paths of each of the 2 prompts
+    # early: each of the 4 candidates had a would-be child (budget M - N = 2 per prompt), k tokens each, dropped
+    assert stats.discarded_tokens == (4 * WINDOW if early_children else 0)
     for tree in trees:
         assert tree.num_trajectories == 4
         # 2 initial + (M - 2) = 2 fresh trajectories, every one starting at the prompt
