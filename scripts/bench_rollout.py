@@ -12,12 +12,14 @@ the task corpus, the Python sandbox), every engine runs:
 
 Each engine runs flat and tree alternately ``--repeats`` times (flat, tree, flat, tree, ...) and
 every figure is the median over the repeats; the wall-time ratio also gives its range over the
-pairs. Reported per run: wall time (generation + tools), generation rounds, tool calls, tokens
-generated (those in the trees; ``dropped``: phase-1 tokens of would-be children whose fork was
-declined), prefill tokens requested and actually computed (HF: shared spans of one call encoded
-once; vLLM: minus its prefix-cache hits, which also span calls), and the tree/flat ratios of
-wall time, generation time, tool time and tool calls per engine. vLLM's prefix cache is cleared
-before every run, so no run reuses another's KV blocks.
+pairs. ``--early-children`` (``auto``: on for HF, off for vLLM, as the training config's
+default) starts the tree's would-be children next to their parent's deciding tokens. Reported
+per run: wall time (generation + tools), generation rounds, tool calls, tokens generated (in
+the trees; ``dropped``: early children whose fork was declined), prefill tokens requested and
+actually computed (HF: shared spans of one call encoded once; vLLM: minus its prefix-cache
+hits, which also span calls), and the tree/flat ratios of wall time, generation time, tool time
+and tool calls per engine. vLLM's prefix cache is cleared before every run, so no run reuses
+another's KV blocks.
 
 For a model of realistic size that still calls tools, ``scripts/expand_policy.py`` grows the
 tiny policy into Qwen2.5-0.5B's shape without changing what it samples.
@@ -117,6 +119,7 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--vllm-block-size", type=int, default=None, help="KV block size (prefix-cache granularity)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--early-children", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--repeats", type=int, default=3, help="flat/tree pairs per engine; figures are medians")
     args = parser.parse_args()
     # Imported here, not at the top: vLLM's CPU workers start by re-importing this script, and the
@@ -142,7 +145,6 @@ def main() -> None:
         temperature=args.temperature,
     )
     flat = RolloutSettings(initial_rollouts=args.total_rollouts, **common)
-    tree = RolloutSettings(initial_rollouts=args.initial_rollouts, **common)
     tree_branching = AlwaysBranch() if args.branching == "always" else make_branching_policy("arpo", mode="stochastic")
 
     if args.repeats < 1:
@@ -158,6 +160,8 @@ def main() -> None:
         ]
         print(f"[{name}] engine ready in {time.perf_counter() - start:.1f} s", flush=True)
         engine.generate(prompts[:1], SamplingParams(max_new_tokens=8))  # first-call overheads
+        early = name == "hf" if args.early_children == "auto" else args.early_children == "on"
+        tree = RolloutSettings(initial_rollouts=args.initial_rollouts, early_children=early, **common)
         runs: dict[str, list[RunResult]] = {"flat": [], "tree": []}
         for repeat in range(args.repeats):
             runs["flat"].append(run_once(engine, tools, NoBranching(), flat, prompts, args.seed))
@@ -178,7 +182,8 @@ def print_table(
 ) -> None:
     print(
         f"\n{args.prompts} prompts, M = {args.total_rollouts}, tree N = {args.initial_rollouts}, "
-        f"branching = {args.branching}, temperature = {args.temperature}, medians of {args.repeats} repeats"
+        f"branching = {args.branching}, early children = {args.early_children}, temperature = {args.temperature}, "
+        f"medians of {args.repeats} repeats"
     )
     header = f"{'engine':6} {'run':4} {'wall s':>8} {'gen s':>8} {'tool s':>7} {'traj':>5} {'branch':>6} " \
              f"{'rounds':>6} {'tools':>5} " \
