@@ -165,8 +165,8 @@ class ARPOConfig(AlgorithmConfig):
 
     def rollouts(self, **kwargs) -> "ARPOConfig":
         """Set rollout fields: total_rollouts (M), initial_rollouts (N), branch_factor (Z),
-        entropy_window (k), branching, branching_mode, alpha, beta, tau, aepo_*, max_*,
-        temperature, top_p."""
+        entropy_window (k), branching, branching_mode, alpha, beta, tau, aepo_*, early_children,
+        max_*, temperature, top_p."""
         return self._set_known(kwargs, _ROLLOUT_FIELDS)
 
     def rewards(self, **kwargs) -> "ARPOConfig":
