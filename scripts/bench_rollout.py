@@ -130,7 +130,7 @@ def main() -> None:
     from rllib_arpo.data.tir_task import TIRTask, format_prompt
     from rllib_arpo.models.cache import resolve_model_path
     from rllib_arpo.rollout.engine import SamplingParams
-    from rllib_arpo.rollout.tree_rollout import RolloutSettings
+    from rllib_arpo.rollout.tree_rollout import RolloutSettings, resolve_early_children
     from rllib_arpo.tools.base import ToolExecutor, build_tools
     model_path = resolve_model_path(args.model_path)
     task = TIRTask(seed=0)
@@ -160,7 +160,7 @@ def main() -> None:
         ]
         print(f"[{name}] engine ready in {time.perf_counter() - start:.1f} s", flush=True)
         engine.generate(prompts[:1], SamplingParams(max_new_tokens=8))  # first-call overheads
-        early = name == "hf" if args.early_children == "auto" else args.early_children == "on"
+        early = resolve_early_children({"auto": None, "on": True, "off": False}[args.early_children], name)
         tree = RolloutSettings(initial_rollouts=args.initial_rollouts, early_children=early, **common)
         runs: dict[str, list[RunResult]] = {"flat": [], "tree": []}
         for repeat in range(args.repeats):

@@ -26,7 +26,7 @@ from rllib_arpo.core.rewards import hierarchical_reward
 from rllib_arpo.core.tree import RolloutTree
 from rllib_arpo.data.datasets import PromptStream, dataset_documents, encode_prompt, load_dataset
 from rllib_arpo.learner.rl_module import DTYPES, hf_state_dict, placeholder_spaces
-from rllib_arpo.rollout.tree_rollout import RolloutSettings, TreeRollout
+from rllib_arpo.rollout.tree_rollout import RolloutSettings, TreeRollout, resolve_early_children
 from rllib_arpo.tools.base import ToolExecutor, build_tools
 
 
@@ -68,7 +68,7 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
                 initial_rollouts=cfg.initial_rollouts,
                 branch_factor=cfg.branch_factor,
                 entropy_window=cfg.entropy_window,
-                early_children=cfg.engine == "hf" if cfg.early_children is None else cfg.early_children,
+                early_children=resolve_early_children(cfg.early_children, cfg.engine),
                 max_tool_calls=cfg.max_tool_calls,
                 max_response_tokens=cfg.max_response_tokens,
                 max_tool_result_tokens=cfg.max_tool_result_tokens,

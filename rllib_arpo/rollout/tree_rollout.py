@@ -52,6 +52,12 @@ class RolloutSettings:
     early_children: bool = False
 
 
+def resolve_early_children(setting: bool | None, engine: str) -> bool:
+    """``early_children`` as configured, or by engine when None: on for ``hf`` (its time follows
+    sequential decode steps), off for ``vllm`` (on CPU its time follows tokens computed)."""
+    return engine == "hf" if setting is None else setting
+
+
 @dataclass
 class _Path:
     """A trajectory being generated: where it continues from and its branching state."""

@@ -14,7 +14,7 @@ import pytest
 
 from rllib_arpo.core.tree import RolloutTree, SegmentKind
 from rllib_arpo.rollout.engine import Generation, SamplingParams
-from rllib_arpo.rollout.tree_rollout import RolloutSettings, TreeRollout
+from rllib_arpo.rollout.tree_rollout import RolloutSettings, TreeRollout, resolve_early_children
 from rllib_arpo.tools.base import ToolExecutor
 
 WINDOW = 4  # k: entropy window of every test
@@ -324,3 +324,10 @@ def test_aepo_pre_monitoring_probes_then_samples_m_minus_one_more(tools):
     # dH is measured for the probe, the second path and the fresh one; the policy is asked once
     assert stats.delta_entropies == [0.5] * 3
     assert policy.deltas == [0.5]
+
+
+def test_early_children_default_follows_the_engine_unless_set():
+    assert resolve_early_children(None, "hf") is True
+    assert resolve_early_children(None, "vllm") is False
+    assert resolve_early_children(False, "hf") is False
+    assert resolve_early_children(True, "vllm") is True
