@@ -187,6 +187,13 @@ def test_python_echoes_the_last_expression_like_the_interpreter(python_tool):
     assert python_tool("x = None\nx") == ""  # None is not echoed
 
 
+def test_python_skips_site_start_up_but_keeps_site_packages_importable(python_tool):
+    # no .pth file runs at start-up (-S), yet every site-packages directory is on sys.path
+    assert python_tool("import sys\nsys.flags.no_site") == "1"
+    code = "import os, site, sys\n[p for p in site.getsitepackages() if os.path.isdir(p) and p not in sys.path]"
+    assert python_tool(code) == "[]"
+
+
 def test_python_dedents_an_indented_block(python_tool):
     assert python_tool("\n    y = 2\n    y ** 10\n") == "1024"  # 2 ** 10 = 1024
 
