@@ -15,10 +15,11 @@ every figure is the median over the repeats; the wall-time ratio also gives its 
 pairs. ``--early-children`` (``auto``: on for HF, off for vLLM, as the training config's
 default) starts the tree's would-be children next to their parent's deciding tokens. Reported
 per run: wall time (generation + tools), generation rounds, tool calls, tokens generated (in
-the trees; ``dropped``: early children whose fork was declined), prefill tokens requested and
-actually computed (HF: shared spans of one call encoded once; vLLM: minus its prefix-cache
-hits, which also span calls), and the tree/flat ratios of wall time, generation time, tool time
-and tool calls per engine. vLLM's prefix cache is cleared before every run, so no run reuses
+the trees; ``traj tok``: the trajectories' tokens counted one by one, so gen tok / traj tok is
+what the tree's shared prefixes save; ``dropped``: early children whose fork was declined),
+prefill tokens requested and actually computed (HF: shared spans of one call encoded once;
+vLLM: minus its prefix-cache hits, which also span calls), and the tree/flat ratios of wall
+time, generation time, tool time and tool calls per engine. vLLM's prefix cache is cleared before every run, so no run reuses
 another's KV blocks.
 
 For a model of realistic size that still calls tools, ``scripts/expand_policy.py`` grows the
@@ -53,6 +54,7 @@ class RunResult:
     rounds: int
     tool_calls: int
     generated_tokens: int
+    trajectory_tokens: int
     discarded_tokens: int
     prefill_requested: int
     prefill_computed: int
@@ -96,6 +98,13 @@ def run_once(engine, tools, branching, settings, prompts, seed: int) -> RunResul
         rounds=stats.rounds,
         tool_calls=sum(segment.kind == SegmentKind.TOOL for tree in trees for segment in tree.segments),
         generated_tokens=sum(tree.num_generated_tokens() for tree in trees),
+        trajectory_tokens=sum(
+            len(tree.segments[i].token_ids)
+            for tree in trees
+            for t in range(tree.num_trajectories)
+            for i in tree.trajectory_segments(t)
+            if tree.segments[i].kind == SegmentKind.MODEL
+        ),
         discarded_tokens=stats.discarded_tokens,
         prefill_requested=engine.stats.prefill_tokens_requested - before[0],
         prefill_computed=engine.stats.prefill_tokens_computed - before[1],
@@ -187,13 +196,13 @@ def print_table(
     )
     header = f"{'engine':6} {'run':4} {'wall s':>8} {'gen s':>8} {'tool s':>7} {'traj':>5} {'branch':>6} " \
              f"{'rounds':>6} {'tools':>5} " \
-             f"{'gen tok':>8} {'dropped':>7} {'prefill req':>11} {'prefill done':>12} {'tok/s':>8}"
+             f"{'gen tok':>8} {'traj tok':>8} {'dropped':>7} {'prefill req':>11} {'prefill done':>12} {'tok/s':>8}"
     print(header)
     for name, runs in results.items():
         for run, r in runs.items():
             print(
                 f"{name:6} {run:4} {r.wall_s:8.2f} {r.generation_s:8.2f} {r.tool_s:7.2f} {r.trajectories:5d} "
-                f"{r.branches:6d} {r.rounds:6d} {r.tool_calls:5d} {r.generated_tokens:8d} {r.discarded_tokens:7d} {r.prefill_requested:11d} {r.prefill_computed:12d} "
+                f"{r.branches:6d} {r.rounds:6d} {r.tool_calls:5d} {r.generated_tokens:8d} {r.trajectory_tokens:8d} {r.discarded_tokens:7d} {r.prefill_requested:11d} {r.prefill_computed:12d} "
                 f"{r.generated_tokens / r.wall_s:8.1f}"
             )
     print()
@@ -206,6 +215,13 @@ def print_table(
             f"{tree.tool_calls / max(flat.tool_calls, 1):.2f}x, generated tokens "
             f"{tree.generated_tokens / flat.generated_tokens:.2f}x, prefill computed "
             f"{tree.prefill_computed / max(flat.prefill_computed, 1):.2f}x"
+        )
+    for name, runs in results.items():
+        tree = runs["tree"]
+        print(
+            f"{name}: tree tokens generated / its trajectories' tokens counted one by one = "
+            f"{tree.generated_tokens / tree.trajectory_tokens:.2f}x (what shared prefixes save; the tree/flat "
+            f"token ratio where both sample alike)"
         )
     if len(results) == 2:
         (a, ra), (b, rb) = results.items()
