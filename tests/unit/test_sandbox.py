@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -94,6 +96,26 @@ def test_writes_outside_the_working_directory_do_not_reach_the_host(tool):
     text, _ = run_timed(tool, f"open('/root/{name}', 'w').write('x')")
     assert text.splitlines()[-1] == f"PermissionError: [Errno 13] Permission denied: '/root/{name}'"
     assert not Path("/root", name).exists()
+
+
+def test_namespaces_are_used_wherever_the_os_allows_them():
+    # a broken runner set-up must not pass for "refused here" and silently drop the isolation
+    namespace = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc"]
+    allowed = subprocess.run([*namespace, "mount", "-t", "tmpfs", "tmpfs", "/tmp"], capture_output=True)
+    if allowed.returncode != 0:
+        pytest.skip(f"namespaces refused here: {allowed.stderr.decode(errors='replace').strip()[:200]}")
+    assert namespaces_available()
+
+
+@needs_namespaces
+def test_root_home_is_hidden_but_the_interpreter_stays_readable_and_read_only(tool):
+    text, _ = run_timed(tool, "import os\nsorted(os.listdir('/root'))")
+    home = Path(sys.base_prefix)  # the sandbox runs the base interpreter
+    under_root = home.is_relative_to("/root")
+    assert text == repr([home.relative_to("/root").parts[0]] if under_root else [])
+    if under_root:
+        code = f"[line.split()[3].split(',')[0] for line in open('/proc/mounts') if line.split()[1] == {str(home)!r}]"
+        assert run_timed(tool, code)[0] == "['ro']"
 
 
 @needs_namespaces
