@@ -7,8 +7,7 @@ with a small runner that receives the code on stdin and then:
 - puts the interpreter's site-packages directories on ``sys.path`` (numpy or sympy, where the
   base interpreter has them, import as usual) without running their ``.pth`` files, which run
   arbitrary code at every start-up (on some machines tens of milliseconds of imports, more than
-  the rest of a call);
-
+  the rest of a call), and defines ``exit()`` and ``quit()`` as the normal start-up does;
 - sets resource limits: CPU seconds (``ceil(timeout_s) + 1``, a backstop behind the wall-clock
   deadline), address space, number of processes and file size;
 - keeps only ``PATH``, ``LANG`` and ``OMP_NUM_THREADS`` of its environment and points ``HOME`` and
@@ -75,6 +74,7 @@ import os, resource, site, sys
 from _ast import PyCF_ONLY_AST, Expr, Expression
 
 sys.path.extend(path for path in site.getsitepackages() if os.path.isdir(path))
+site.setquit()  # exit() and quit(), as a normal start-up defines them
 
 cpu_s, memory_bytes, max_processes, max_file_bytes, uid, private_mounts = map(int, sys.argv[1:7])
 workdir = sys.argv[7]

@@ -192,6 +192,7 @@ def test_python_skips_site_start_up_but_keeps_site_packages_importable(python_to
     assert python_tool("import sys\nsys.flags.no_site") == "1"
     code = "import os, site, sys\n[p for p in site.getsitepackages() if os.path.isdir(p) and p not in sys.path]"
     assert python_tool(code) == "[]"
+    assert python_tool("print('bye')\nexit(3)") == "bye\nError: the process exited with status 3"  # site's exit()
 
 
 def test_python_dedents_an_indented_block(python_tool):
