@@ -19,8 +19,8 @@ the trees; ``traj tok``: the trajectories' tokens counted one by one, so gen tok
 what the tree's shared prefixes save; ``dropped``: early children whose fork was declined),
 prefill tokens requested and actually computed (HF: shared spans of one call encoded once;
 vLLM: minus its prefix-cache hits, which also span calls), and the tree/flat ratios of wall
-time, generation time, tool time and tool calls per engine. vLLM's prefix cache is cleared before every run, so no run reuses
-another's KV blocks.
+time, generation time, tool time and tool calls per engine. vLLM's prefix cache is cleared
+before every run, so no run reuses another's KV blocks.
 
 For a model of realistic size that still calls tools, ``scripts/expand_policy.py`` grows the
 tiny policy into Qwen2.5-0.5B's shape without changing what it samples.
