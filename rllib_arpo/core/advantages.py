@@ -1,10 +1,17 @@
 """Advantage estimators: one registry shared by ARPO, AEPO and every baseline.
 
 Every estimator maps a batch of rollout trees (one tree = the M trajectories of one prompt) and
-their scalar rewards to one advantage per response token of every trajectory row, in the order
-``[row for tree in trees for row in tree.to_rows(dedupe)]``. Tool-result tokens get advantages
-too (they are multiplied by a zero loss mask later); keeping them makes every array line up
-with ``TrajectoryRow.response_ids``.
+their scalar rewards to one advantage per response token of every trajectory row.
+``compute_advantages`` builds the rows once (``core.tree.batch_rows``: the full rows, or the
+de-duplicated ones for estimators registered with ``dedupe_rows=True``), calls the estimator and
+hands back ``AttributedRows``: the rows and their advantages, in the same order, which is what the
+learner trains on. Tool-result tokens get advantages too (they are multiplied by a zero loss
+mask later); keeping them makes every array line up with ``TrajectoryRow.response_ids``.
+
+An estimator is ``fn(trees, rewards, rows, *, option=default, ...)``: ``rows[p]`` are the rows of
+prompt p, and it returns one array per row, flattened in the same order. Its keyword-only options
+are explicit; the algorithm fills those whose names are config fields from the config
+(``AdvantageEstimator.options_from``).
 
 Trajectory-level estimators (one scalar A_i per trajectory i of a prompt's group G, |G| = M):
 
@@ -26,8 +33,9 @@ Tree-aware estimators (ARPO, arXiv 2507.19849 Sec. 3.3):
   set D of trajectories gets mean_{i in D} A_i and is trained once (``dedupe_rows`` is True: the
   learner must use ``tree.to_rows(dedupe=True)``). The reference code only ships the soft form.
 - ``aepo``: AEPO's entropy-aware advantage (arXiv 2510.14545): A'_t = A_t * (1 + gamma * sg(z_t))
-  where z_t is the token entropy standardised over the batch's trained tokens,
-  z_t = (H_t - mean H) / (std H + eps), and A_t comes from a base estimator (``grpo`` by default).
+  with gamma = ``entropy_advantage_coef``, z_t the token entropy standardised over the batch's
+  trained tokens, z_t = (H_t - mean H) / (std H + eps), and A_t from a base estimator (``grpo``
+  by default).
   The reference code only applies it when an entropy bonus is also on; here it stands alone.
 
 Degenerate groups (a single trajectory, or all rewards equal) give exactly zero advantages.
@@ -36,14 +44,25 @@ NaN or infinite rewards are rejected with a ValueError.
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 
-from rllib_arpo.core.tree import RolloutTree
+from rllib_arpo.core.registry import Registry
+from rllib_arpo.core.tree import RolloutTree, TrajectoryRow, batch_rows
 
 TokenAdvantages = list[np.ndarray]
+
+
+@dataclass(frozen=True)
+class AttributedRows:
+    """What ``compute_advantages`` hands back: the rows the learner trains on and one advantage
+    array per row (aligned with ``row.response_ids``), in the same order."""
+
+    rows: list[TrajectoryRow]
+    advantages: TokenAdvantages
 
 
 @dataclass(frozen=True)
@@ -51,49 +70,54 @@ class AdvantageEstimator:
     """A registered estimator.
 
     Attributes:
-        fn: ``fn(trees, rewards, **params) -> TokenAdvantages``.
+        fn: ``fn(trees, rewards, rows, *, options) -> TokenAdvantages`` (module docstring).
         dedupe_rows: True when shared spans are trained once (rows from ``to_rows(dedupe=True)``).
     """
 
     fn: Callable[..., TokenAdvantages]
     dedupe_rows: bool = False
 
+    @property
+    def options(self) -> tuple[str, ...]:
+        """The names of ``fn``'s keyword-only options."""
+        parameters = inspect.signature(self.fn).parameters.values()
+        return tuple(p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY)
 
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
-
-
-def register_advantage_estimator(*names: str, dedupe_rows: bool = False):
-    def decorator(fn):
-        for name in names:
-            ADVANTAGE_ESTIMATORS[name] = AdvantageEstimator(fn, dedupe_rows)
-        return fn
-
-    return decorator
+    def options_from(self, config: object) -> dict:
+        """The options that ``config`` sets: those of ``options`` that are attributes of it."""
+        return {name: getattr(config, name) for name in self.options if hasattr(config, name)}
 
 
-def get_advantage_estimator(name: str) -> AdvantageEstimator:
-    try:
-        return ADVANTAGE_ESTIMATORS[name]
-    except KeyError:
-        known = ", ".join(sorted(ADVANTAGE_ESTIMATORS))
-        raise ValueError(f"unknown advantage estimator {name!r}; known: {known}") from None
+class AdvantageEstimatorRegistry(Registry[AdvantageEstimator]):
+    """``Registry`` whose ``register`` decorates a plain estimator function."""
+
+    def register(self, *names: str, dedupe_rows: bool = False):
+        def decorator(fn: Callable[..., TokenAdvantages]) -> Callable[..., TokenAdvantages]:
+            Registry.register(self, *names)(AdvantageEstimator(fn, dedupe_rows))
+            return fn
+
+        return decorator
+
+
+ADVANTAGE_ESTIMATORS = AdvantageEstimatorRegistry("advantage estimator")
 
 
 def compute_advantages(
-    name: str, trees: Sequence[RolloutTree], rewards: Sequence[Sequence[float]], **params
-) -> TokenAdvantages:
-    """Run the estimator ``name`` after checking that rewards match the trees."""
+    name: str, trees: Sequence[RolloutTree], rewards: Sequence[Sequence[float]], **options
+) -> AttributedRows:
+    """Run the estimator ``name`` with ``options`` after checking that rewards match the trees."""
+    estimator = ADVANTAGE_ESTIMATORS.get(name)
     rewards = [np.asarray(r, dtype=np.float64) for r in rewards]
     if len(rewards) != len(trees):
         raise ValueError(f"got rewards for {len(rewards)} prompts but {len(trees)} trees")
     for i, (tree, r) in enumerate(zip(trees, rewards)):
         if r.shape != (tree.num_trajectories,):
-            raise ValueError(
-                f"prompt {i}: {r.size} rewards for {tree.num_trajectories} trajectories"
-            )
+            raise ValueError(f"prompt {i}: {r.size} rewards for {tree.num_trajectories} trajectories")
         if not np.all(np.isfinite(r)):
             raise ValueError(f"prompt {i}: rewards must be finite, got {r.tolist()}")
-    return get_advantage_estimator(name).fn(trees, rewards, **params)
+    rows = [tree.to_rows(dedupe=estimator.dedupe_rows) for tree in trees]
+    advantages = estimator.fn(trees, rewards, rows, **options)
+    return AttributedRows(batch_rows(rows), advantages)
 
 
 # --- trajectory-level baselines ------------------------------------------------------------
@@ -113,8 +137,10 @@ def leave_one_out(rewards: np.ndarray) -> np.ndarray:
     return rewards - (rewards.sum() - rewards) / (m - 1)
 
 
-def _broadcast(trees: Sequence[RolloutTree], per_trajectory: Sequence[np.ndarray]) -> TokenAdvantages:
-    """Give every response token of trajectory i its trajectory's advantage A_i."""
+def broadcast_trajectory_advantages(
+    trees: Sequence[RolloutTree], per_trajectory: Sequence[np.ndarray]
+) -> TokenAdvantages:
+    """Give every response token of trajectory i its trajectory's advantage A_i (full rows)."""
     out = []
     for tree, advantages in zip(trees, per_trajectory):
         for trajectory, a in enumerate(advantages):
@@ -123,37 +149,36 @@ def _broadcast(trees: Sequence[RolloutTree], per_trajectory: Sequence[np.ndarray
     return out
 
 
-@register_advantage_estimator("grpo", "arpo_soft")
-def grpo(trees, rewards, *, eps: float = 1e-6, **_) -> TokenAdvantages:
-    return _broadcast(trees, [group_normalized(r, True, eps) for r in rewards])
+@ADVANTAGE_ESTIMATORS.register("grpo", "arpo_soft")
+def grpo(trees, rewards, rows, *, eps: float = 1e-6) -> TokenAdvantages:
+    return broadcast_trajectory_advantages(trees, [group_normalized(r, True, eps) for r in rewards])
 
 
-@register_advantage_estimator("dr_grpo")
-def dr_grpo(trees, rewards, **_) -> TokenAdvantages:
-    return _broadcast(trees, [group_normalized(r, use_std=False) for r in rewards])
+@ADVANTAGE_ESTIMATORS.register("dr_grpo")
+def dr_grpo(trees, rewards, rows) -> TokenAdvantages:
+    return broadcast_trajectory_advantages(trees, [group_normalized(r, use_std=False) for r in rewards])
 
 
-@register_advantage_estimator("rloo", "loop")
-def rloo(trees, rewards, **_) -> TokenAdvantages:
-    return _broadcast(trees, [leave_one_out(r) for r in rewards])
+@ADVANTAGE_ESTIMATORS.register("rloo", "loop")
+def rloo(trees, rewards, rows) -> TokenAdvantages:
+    return broadcast_trajectory_advantages(trees, [leave_one_out(r) for r in rewards])
 
 
-@register_advantage_estimator("reinforce_pp")
+@ADVANTAGE_ESTIMATORS.register("reinforce_pp")
 def reinforce_pp(
     trees,
     rewards,
+    rows,
     *,
     token_kl: Sequence[np.ndarray] | None = None,
     kl_coef: float = 0.0,
     eps: float = 1e-6,
-    **_,
 ) -> TokenAdvantages:
     """REINFORCE++ with the KL-to-reference folded into the per-token return (see module doc)."""
-    returns = _broadcast(trees, rewards)
+    returns = broadcast_trajectory_advantages(trees, rewards)
     if token_kl is not None and kl_coef:
         returns = [g - kl_coef * np.cumsum(kl[::-1])[::-1] for g, kl in zip(returns, token_kl)]
-    masks = [row.loss_mask for tree in trees for row in tree.to_rows()]
-    return _whiten(returns, masks, eps)
+    return _whiten(returns, [row.loss_mask for row in batch_rows(rows)], eps)
 
 
 def _whiten(values: TokenAdvantages, masks: Sequence[np.ndarray], eps: float) -> TokenAdvantages:
@@ -166,29 +191,30 @@ def _whiten(values: TokenAdvantages, masks: Sequence[np.ndarray], eps: float) ->
 
 
 # --- tree-aware estimators -----------------------------------------------------------------
-@register_advantage_estimator("arpo_hard", dedupe_rows=True)
-def arpo_hard(trees, rewards, *, eps: float = 1e-6, **_) -> TokenAdvantages:
+@ADVANTAGE_ESTIMATORS.register("arpo_hard", dedupe_rows=True)
+def arpo_hard(trees, rewards, rows, *, eps: float = 1e-6) -> TokenAdvantages:
     """Shared spans get the mean advantage of the trajectories that contain them."""
     out = []
-    for tree, r in zip(trees, rewards):
+    for tree, r, tree_rows in zip(trees, rewards, rows):
         trajectory_advantage = group_normalized(r, True, eps)
         segment_advantage = np.array(
             [trajectory_advantage[m].mean() if m else 0.0 for m in tree.segment_members()]
         )
-        for row in tree.to_rows(dedupe=True):
-            out.append(segment_advantage[row.segment_ids].astype(np.float32))
+        out.extend(segment_advantage[row.segment_ids].astype(np.float32) for row in tree_rows)
     return out
 
 
-@register_advantage_estimator("aepo")
+@ADVANTAGE_ESTIMATORS.register("aepo")
 def aepo(
-    trees, rewards, *, base: str = "grpo", entropy_coef: float = 0.2, eps: float = 1e-6, **params
+    trees, rewards, rows, *, base: str = "grpo", entropy_advantage_coef: float = 0.2, eps: float = 1e-6
 ) -> TokenAdvantages:
-    """A'_t = A_t * (1 + gamma * sg(z_t)), gamma = ``entropy_coef`` (AEPO's entropy-aware advantage)."""
-    base_estimator = get_advantage_estimator(base)
+    """A'_t = A_t * (1 + gamma * sg(z_t)), gamma = ``entropy_advantage_coef`` (AEPO's entropy-aware
+    advantage); A_t from the estimator ``base`` (given this ``eps`` if it takes one)."""
+    base_estimator = ADVANTAGE_ESTIMATORS.get(base)
     if base == "aepo" or base_estimator.dedupe_rows:
         raise ValueError(f"aepo needs a full-row base estimator (grpo, dr_grpo, rloo, ...), got {base!r}")
-    advantages = base_estimator.fn(trees, rewards, eps=eps, **params)
-    rows = [row for tree in trees for row in tree.to_rows(dedupe=base_estimator.dedupe_rows)]
-    z = _whiten([row.entropies for row in rows], [row.loss_mask for row in rows], eps)
-    return [(a * (1.0 + entropy_coef * zt)).astype(np.float32) for a, zt in zip(advantages, z)]
+    base_options = {"eps": eps} if "eps" in base_estimator.options else {}
+    advantages = base_estimator.fn(trees, rewards, rows, **base_options)
+    flat = batch_rows(rows)
+    z = _whiten([row.entropies for row in flat], [row.loss_mask for row in flat], eps)
+    return [(a * (1.0 + entropy_advantage_coef * zt)).astype(np.float32) for a, zt in zip(advantages, z)]

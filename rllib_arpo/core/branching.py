@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -63,7 +63,7 @@ def _check_finite(name: str, value: float) -> None:
         raise ValueError(f"{name} must be a finite number, got {value}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ARPOBranchingPolicy:
     """ARPO's entropy-based adaptive branching rule.
 
@@ -71,22 +71,22 @@ class ARPOBranchingPolicy:
 
     - ``mode="threshold"`` (paper): P_t = alpha + beta * dH_t, branch when P_t > tau. The
       decision is deterministic and P_t is not clipped (it is a score compared with tau).
-      With alpha = tau (the defaults) this branches exactly when dH_t > 0.
+      With alpha = tau this branches exactly when dH_t > 0.
     - ``mode="stochastic"`` (reference code): branch with probability
       p_t = clip(tau + beta * dH_t, 0, 1). alpha is not used in this mode.
 
-    Attributes:
-        alpha: base score alpha of the paper form (default 0.5, equal to tau).
-        beta: entropy weight beta >= 0 (default 0.2, the reference scripts' value).
-        tau: threshold tau in [0, 1] (default 0.5, the reference scripts' value); in the
-            stochastic mode it is the branch probability at dH_t = 0.
+    Attributes (no defaults here: ``rollout.settings.RolloutSettings`` holds them):
+        alpha: base score alpha of the paper form.
+        beta: entropy weight beta >= 0.
+        tau: threshold tau in [0, 1]; in the stochastic mode it is the branch probability at
+            dH_t = 0.
         mode: ``"threshold"`` or ``"stochastic"``.
     """
 
-    alpha: float = 0.5
-    beta: float = 0.2
-    tau: float = 0.5
-    mode: BranchingMode = "threshold"
+    alpha: float
+    beta: float
+    tau: float
+    mode: BranchingMode
 
     def __post_init__(self) -> None:
         for name in ("alpha", "beta", "tau"):
@@ -96,7 +96,7 @@ class ARPOBranchingPolicy:
         if self.beta < 0.0:
             raise ValueError(f"beta must be >= 0, got {self.beta}")
         if self.mode not in BRANCHING_MODES:
-            raise ValueError(f"mode must be one of {BRANCHING_MODES}, got {self.mode!r}")
+            raise ValueError(f"mode (branching_mode) must be one of {list(BRANCHING_MODES)}, got {self.mode!r}")
 
     def branch_probability(self, delta_entropy: float) -> float:
         """P_t = alpha + beta * dH_t (threshold mode) or clip(tau + beta * dH_t, 0, 1) (stochastic)."""
@@ -123,7 +123,7 @@ class ARPOBranchingPolicy:
         return self.decide(self.branch_probability(delta_entropy), rng)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AEPOBranchingPolicy:
     """AEPO's consecutive-branch penalty around an ARPO rule (arXiv 2510.14545).
 
@@ -136,21 +136,16 @@ class AEPOBranchingPolicy:
 
     Attributes:
         base: the ARPO rule being damped (its alpha, beta, tau and mode apply).
-        penalty: the per-branch penalty (default 0.05, AEPO's value), >= 0.
+        penalty: the per-branch penalty (AEPO uses 0.05), >= 0.
     """
 
-    base: ARPOBranchingPolicy = field(default_factory=ARPOBranchingPolicy)
-    penalty: float = 0.05
+    base: ARPOBranchingPolicy
+    penalty: float
 
     def __post_init__(self) -> None:
         _check_finite("penalty", self.penalty)
         if self.penalty < 0.0:
             raise ValueError(f"penalty must be >= 0, got {self.penalty}")
-
-    @classmethod
-    def from_params(cls, penalty: float = 0.05, **arpo_params) -> AEPOBranchingPolicy:
-        """Build from flat parameters: ``penalty`` plus ARPOBranchingPolicy's alpha, beta, tau, mode."""
-        return cls(base=ARPOBranchingPolicy(**arpo_params), penalty=penalty)
 
     def penalty_factor(self, consecutive_branches: int) -> float:
         """max(0, 1 - penalty * l)."""
@@ -273,16 +268,3 @@ class BranchBudget:
                 f"num_finished ({num_finished}) must lie in [0, num_paths={self.num_paths}]"
             )
         return self.total - num_finished
-
-
-BRANCHING_POLICIES: dict[str, Callable[..., BranchingPolicy]] = {
-    "arpo": ARPOBranchingPolicy,
-    "aepo": AEPOBranchingPolicy.from_params,
-}
-
-
-def make_branching_policy(name: str, **params) -> BranchingPolicy:
-    """Build a branching policy by name: ``"arpo"`` (alpha, beta, tau, mode) or ``"aepo"`` (the same plus penalty)."""
-    if name not in BRANCHING_POLICIES:
-        raise ValueError(f"unknown branching policy {name!r}; known: {sorted(BRANCHING_POLICIES)}")
-    return BRANCHING_POLICIES[name](**params)

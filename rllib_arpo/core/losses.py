@@ -22,11 +22,14 @@ penalty to a reference policy, aggregates (``aggregate_loss``) and returns metri
 
 from __future__ import annotations
 
-from typing import Callable, Literal, NamedTuple
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
 
 import torch
 
-AggregationMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+from rllib_arpo.core.registry import Registry
+
 KLKind = Literal["k1", "k2", "k3"]
 
 
@@ -45,27 +48,7 @@ class PolicyLossTerms(NamedTuple):
 PolicyLoss = Callable[..., PolicyLossTerms]
 """Signature: ``(logprobs, old_logprobs, advantages, *, eps_low, eps_high, dual_clip)``."""
 
-POLICY_LOSSES: dict[str, PolicyLoss] = {}
-
-
-def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
-    """Decorator that adds a policy loss to ``POLICY_LOSSES`` under ``name``."""
-
-    def register(loss: PolicyLoss) -> PolicyLoss:
-        if name in POLICY_LOSSES:
-            raise ValueError(f"a policy loss named {name!r} is already registered")
-        POLICY_LOSSES[name] = loss
-        return loss
-
-    return register
-
-
-def get_policy_loss(name: str) -> PolicyLoss:
-    """The registered policy loss called ``name``; a ValueError lists the known names."""
-    if name not in POLICY_LOSSES:
-        known = ", ".join(sorted(POLICY_LOSSES))
-        raise ValueError(f"unknown policy loss {name!r}; known policy losses: {known}")
-    return POLICY_LOSSES[name]
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
 
 
 def _clipped_surrogate(
@@ -103,7 +86,7 @@ def _clipped_surrogate(
     return PolicyLossTerms(-objective, clipped)
 
 
-@register_policy_loss("ppo_clip")
+@POLICY_LOSSES.register("ppo_clip")
 def ppo_clip(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -126,7 +109,7 @@ def ppo_clip(
     )
 
 
-@register_policy_loss("sg_clip")
+@POLICY_LOSSES.register("sg_clip")
 def sg_clip(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -160,7 +143,7 @@ def sg_clip(
     )
 
 
-@register_policy_loss("cispo")
+@POLICY_LOSSES.register("cispo")
 def cispo(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -188,15 +171,63 @@ def cispo(
     return PolicyLossTerms(-weight * advantages * logprobs, clipped)
 
 
+@dataclass(frozen=True)
+class LossAggregation:
+    """A way to reduce the masked per-token loss of a batch to a scalar.
+
+    Attributes:
+        reduce: ``reduce(masked_loss [B, T], tokens_per_row [B], token_sum_norm) -> scalar``.
+        weighs: ``"tokens"`` (every trained token weighs the same; the denominator is the
+            number of trained tokens) or ``"sequences"`` (every row with trained tokens weighs
+            the same; the denominator is the number of such rows). Micro-batches and data-parallel
+            shards weigh their partial losses by their share of that denominator.
+        takes_token_sum_norm: whether ``token_sum_norm`` applies.
+    """
+
+    reduce: Callable[[torch.Tensor, torch.Tensor, float | None], torch.Tensor]
+    weighs: Literal["tokens", "sequences"]
+    takes_token_sum_norm: bool = False
+
+    def row_denominators(self, loss_mask: torch.Tensor) -> torch.Tensor:
+        """Each row's contribution to the aggregation's denominator: its trained tokens, or 1 if
+        it has any (``weighs``)."""
+        tokens = (loss_mask > 0).sum(dim=-1)
+        return tokens if self.weighs == "tokens" else (tokens > 0).long()
+
+
+def _seq_mean(row_losses: torch.Tensor, tokens_per_row: torch.Tensor) -> torch.Tensor:
+    return row_losses.sum() / (tokens_per_row > 0).sum().clamp_min(1)
+
+
+LOSS_AGGREGATIONS: Registry[LossAggregation] = Registry("loss aggregation mode")
+LOSS_AGGREGATIONS.add(
+    "token-mean",
+    LossAggregation(lambda loss, tokens, _norm: loss.sum() / tokens.sum().clamp_min(1), weighs="tokens"),
+)
+LOSS_AGGREGATIONS.add(
+    "seq-mean-token-mean",
+    LossAggregation(lambda loss, tokens, _norm: _seq_mean(loss.sum(dim=-1) / tokens.clamp_min(1), tokens), "sequences"),
+)
+LOSS_AGGREGATIONS.add(
+    "seq-mean-token-sum",
+    LossAggregation(
+        lambda loss, tokens, norm: _seq_mean(loss.sum(dim=-1) / (norm or 1.0), tokens),
+        weighs="sequences",
+        takes_token_sum_norm=True,
+    ),
+)
+
+
 def aggregate_loss(
     per_token_loss: torch.Tensor,
     loss_mask: torch.Tensor,
-    mode: AggregationMode = "token-mean",
+    mode: str = "token-mean",
     token_sum_norm: float | None = None,
 ) -> torch.Tensor:
     """Reduce a ``[B, T]`` per-token loss to a scalar over the masked tokens.
 
-    With m_{i,t} the mask, n_i = sum_t m_{i,t} and I = {i : n_i > 0} the rows with tokens:
+    With m_{i,t} the mask, n_i = sum_t m_{i,t} and I = {i : n_i > 0} the rows with tokens, the
+    modes of ``LOSS_AGGREGATIONS`` are:
 
     - ``token-mean`` (DAPO): sum_{i,t} m l / sum_i n_i. Every token weighs the same.
     - ``seq-mean-token-mean`` (GRPO): mean_{i in I} (sum_t m l / n_i). Every sequence weighs
@@ -210,24 +241,12 @@ def aggregate_loss(
     Masked-out entries are excluded with ``torch.where``, so a non-finite loss on padding does
     not leak into the value.
     """
-    if token_sum_norm is not None and mode != "seq-mean-token-sum":
+    aggregation = LOSS_AGGREGATIONS.get(mode)
+    if token_sum_norm is not None and not aggregation.takes_token_sum_norm:
         raise ValueError(f"token_sum_norm only applies to 'seq-mean-token-sum', not {mode!r}")
     mask = loss_mask.bool()
     masked_loss = torch.where(mask, per_token_loss, torch.zeros_like(per_token_loss))
-    tokens_per_row = mask.sum(dim=-1)
-    if mode == "token-mean":
-        return masked_loss.sum() / tokens_per_row.sum().clamp_min(1)
-    if mode == "seq-mean-token-mean":
-        row_losses = masked_loss.sum(dim=-1) / tokens_per_row.clamp_min(1)
-    elif mode == "seq-mean-token-sum":
-        row_losses = masked_loss.sum(dim=-1) / (token_sum_norm or 1.0)
-    else:
-        raise ValueError(
-            f"unknown aggregation mode {mode!r}; known: token-mean, seq-mean-token-mean, "
-            "seq-mean-token-sum"
-        )
-    rows_with_tokens = (tokens_per_row > 0).sum()
-    return row_losses.sum() / rows_with_tokens.clamp_min(1)
+    return aggregation.reduce(masked_loss, mask.sum(dim=-1), token_sum_norm)
 
 
 def kl_penalty(
@@ -267,7 +286,7 @@ def compute_policy_loss(
     eps_low: float = 0.2,
     eps_high: float = 0.2,
     dual_clip: float | None = None,
-    agg_mode: AggregationMode = "token-mean",
+    agg_mode: str = "token-mean",
     token_sum_norm: float | None = None,
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
@@ -278,14 +297,14 @@ def compute_policy_loss(
         L = agg_mode( l_t + kl_coef * KL_t ) over the tokens with loss_mask = 1
 
     Args:
-        name: a key of ``POLICY_LOSSES`` (``ppo_clip``, ``sg_clip``, ``cispo``).
+        name: a name in ``POLICY_LOSSES`` (``ppo_clip``, ``sg_clip``, ``cispo``).
         logprobs: ``[B, T]`` log pi_theta of the sampled tokens (requires grad).
         old_logprobs: ``[B, T]`` log pi_old at sampling time (treated as a constant).
         advantages: ``[B, T]`` per-token advantages (treated as a constant).
         loss_mask: ``[B, T]``, nonzero on trained tokens.
         eps_low, eps_high: clip bounds 1 - eps_low, 1 + eps_high (DAPO: eps_high = 0.28).
         dual_clip: dual-clip constant c > 1 for negative advantages (``None`` = off).
-        agg_mode, token_sum_norm: see ``aggregate_loss``.
+        agg_mode, token_sum_norm: a name in ``LOSS_AGGREGATIONS`` and its norm (``aggregate_loss``).
         ref_logprobs: ``[B, T]`` log pi_ref for the KL penalty (``None`` = no KL term).
         kl_coef, kl_kind: the penalty's weight and estimator (see ``kl_penalty``).
 
@@ -301,7 +320,7 @@ def compute_policy_loss(
             f"logprobs {tuple(logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} and "
             f"loss_mask {tuple(loss_mask.shape)} must have the same [B, T] shape"
         )
-    policy_loss = get_policy_loss(name)
+    policy_loss = POLICY_LOSSES.get(name)
     old_logprobs, advantages = old_logprobs.detach(), advantages.detach()
     terms = policy_loss(
         logprobs, old_logprobs, advantages, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip

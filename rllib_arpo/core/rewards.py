@@ -29,8 +29,11 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Literal, Mapping, Sequence
 
+import numpy as np
 from math_verify import parse, verify
 from math_verify.errors import TimeoutException
+
+from rllib_arpo.core.settings import setting
 
 Task = Literal["qa", "math"]
 Metric = Literal["em", "f1", "math"]
@@ -310,16 +313,30 @@ class RewardBreakdown:
     answer: str | None
 
 
+@dataclass(frozen=True)
+class RewardSettings:
+    """The knobs of the hierarchical reward (ARPO arXiv 2507.19849, Sec. 3.4)."""
+
+    format_penalty: float = setting(-1.0, "R of a response that breaks the TIR format (the reference: -1).")
+    correctness: str = setting(
+        "auto", "Correctness S: `auto` (token F1 for QA, math equivalence for math, as the reference), `em`, `f1`, `math`."
+    )
+    multi_tool_bonus: float = setting(0.1, "[r_M] added when S > 0 and every tool of `multi_tool_set` was called.")
+    multi_tool_set: tuple[str, ...] = setting(("search", "python"), "Tools that must all be used for r_M; empty: no bonus.")
+
+    def __post_init__(self) -> None:
+        if self.correctness not in ("auto", "em", "f1", "math"):
+            raise ValueError(f"correctness must be one of auto, em, f1, math, got {self.correctness!r}")
+        object.__setattr__(self, "multi_tool_set", tuple(self.multi_tool_set))
+
+
 def hierarchical_reward(
     response: str,
     ground_truth: GroundTruth,
     *,
     task: Task = "qa",
     tool_calls: Mapping[str, int],
-    format_penalty: float = -1.0,
-    correctness: Literal["auto", "em", "f1", "math"] = "auto",
-    multi_tool_bonus: float = 0.1,
-    multi_tool_set: Sequence[str] = ("search", "python"),
+    settings: RewardSettings = RewardSettings(),
     tool_tags: Sequence[str] = DEFAULT_TOOL_TAGS,
 ) -> RewardBreakdown:
     """ARPO's hierarchical reward R = format_penalty, or S + r_M (module docstring).
@@ -327,23 +344,29 @@ def hierarchical_reward(
     Args:
         response: the model's whole response, tool results included.
         ground_truth: the gold answer, or a list of acceptable answers (S is the max over them).
-        task: ``"qa"`` or ``"math"``; picks the metric when ``correctness="auto"``.
+        task: ``"qa"`` or ``"math"``; picks the metric when ``settings.correctness="auto"``.
         tool_calls: number of calls of each tool on this trajectory, e.g. ``{"search": 2}``.
-        format_penalty: R when ``validate_format`` fails (reference: -1).
-        correctness: metric for S. ``"auto"`` follows the reference: token F1 for QA,
-            ``math_equal`` (1/0) for math.
-        multi_tool_bonus: r_M, added when S > 0 and every tool in ``multi_tool_set`` was used.
-        multi_tool_set: the tools that must all appear for r_M; empty disables the bonus.
+        settings: format penalty, correctness metric and multi-tool bonus (``RewardSettings``).
         tool_tags: the tool tags the format check knows.
     """
     if task not in ("qa", "math"):
         raise ValueError(f"unknown task {task!r}; expected 'qa' or 'math'")
+    correctness = settings.correctness
     metric: Metric = ("math" if task == "math" else "f1") if correctness == "auto" else correctness
     check = validate_format(response, tool_tags)
     answer = extract_answer(response)
     score = score_answer(answer, ground_truth, metric)
     if not check.ok:
-        return RewardBreakdown(format_penalty, False, check.reason, score, 0.0, answer)
-    used_all_tools = bool(multi_tool_set) and all(tool_calls.get(t, 0) >= 1 for t in multi_tool_set)
-    bonus = multi_tool_bonus if score > 0 and used_all_tools else 0.0
+        return RewardBreakdown(settings.format_penalty, False, check.reason, score, 0.0, answer)
+    required = settings.multi_tool_set
+    used_all_tools = bool(required) and all(tool_calls.get(t, 0) >= 1 for t in required)
+    bonus = settings.multi_tool_bonus if score > 0 and used_all_tools else 0.0
     return RewardBreakdown(score + bonus, True, check.reason, score, bonus, answer)
+
+
+def accuracy(breakdowns: Sequence[RewardBreakdown]) -> float:
+    """Accuracy of a set of scored responses: the mean correctness S (for math S is 1/0, so this
+    is the share answered right; for QA it is the mean token F1, as the papers report)."""
+    if not breakdowns:
+        raise ValueError("accuracy of no responses")
+    return float(np.mean([b.correctness for b in breakdowns]))

@@ -15,6 +15,8 @@ learner:
 - ``to_rows(dedupe=True)``: the same rows, but each shared model token keeps its loss mask only
   in the first trajectory that contains it, so it is trained exactly once (ARPO's hard
   advantage: a shared span is one sample with the mean advantage of its trajectories).
+
+A batch of prompts flattens as ``batch_rows``: the rows of the first tree, then of the second...
 """
 
 from __future__ import annotations
@@ -197,3 +199,8 @@ class RolloutTree:
                 )
             )
         return rows
+
+
+def batch_rows(rows_per_tree: list[list[TrajectoryRow]]) -> list[TrajectoryRow]:
+    """The rows of a batch of trees in learner order: tree by tree, trajectory by trajectory."""
+    return [row for tree_rows in rows_per_tree for row in tree_rows]

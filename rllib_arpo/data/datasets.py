@@ -17,10 +17,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
+from rllib_arpo.core.registry import Registry
 from rllib_arpo.core.rewards import extract_gsm8k_reference
 
 TIR_SYSTEM_PROMPT = (
@@ -41,13 +43,17 @@ class PromptExample:
     source: str
 
 
+DATASET_LOADERS: Registry[Callable[..., list[PromptExample]]] = Registry("dataset type")
+"""Dataset type (the ``type`` of the config's ``dataset``) -> loader; the other keys of the
+spec are the loader's keyword arguments."""
+
+
 def load_dataset(spec: Mapping[str, Any]) -> list[PromptExample]:
     spec = dict(spec)
     kind = spec.pop("type", None)
-    if kind not in LOADERS:
-        raise ValueError(f"dataset type {kind!r} is not one of {sorted(LOADERS)}")
+    loader = DATASET_LOADERS.get(kind)
     try:
-        examples = LOADERS[kind](**spec)
+        examples = loader(**spec)
     except TypeError as error:
         raise ValueError(f"bad options for dataset type {kind!r}: {error}") from None
     if not examples:
@@ -55,6 +61,7 @@ def load_dataset(spec: Mapping[str, Any]) -> list[PromptExample]:
     return examples
 
 
+@DATASET_LOADERS.register("tir_task")
 def _load_tir_task(seed: int = 0, split: str = "train", **task_kwargs) -> list[PromptExample]:
     from rllib_arpo.data.tir_task import TIRTask, format_prompt
 
@@ -62,6 +69,7 @@ def _load_tir_task(seed: int = 0, split: str = "train", **task_kwargs) -> list[P
     return [PromptExample(format_prompt(e), e.answer, "math", f"tir_task/{e.kind}") for e in task.split(split)]
 
 
+@DATASET_LOADERS.register("parquet")
 def _load_parquet(path: str, limit: int | None = None) -> list[PromptExample]:
     import pandas as pd
 
@@ -78,6 +86,7 @@ def _load_parquet(path: str, limit: int | None = None) -> list[PromptExample]:
     return examples
 
 
+@DATASET_LOADERS.register("jsonl")
 def _load_jsonl(
     path: str, task: str = "qa", system_prompt: str = TIR_SYSTEM_PROMPT, limit: int | None = None
 ) -> list[PromptExample]:
@@ -106,8 +115,6 @@ def _existing(path: str) -> Path:
         raise FileNotFoundError(f"dataset file {resolved} does not exist")
     return resolved
 
-
-LOADERS = {"tir_task": _load_tir_task, "parquet": _load_parquet, "jsonl": _load_jsonl}
 
 
 def dataset_documents(spec: Mapping[str, Any]) -> list[str] | None:

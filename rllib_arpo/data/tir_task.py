@@ -36,7 +36,7 @@ from typing import Callable, Literal
 
 import numpy as np
 
-from rllib_arpo.tools.base import ToolCall
+from rllib_arpo.tools.base import ToolCall, wrap_result
 
 QuestionKind = Literal["search", "python", "both"]
 DemonstrationQuality = Literal["perfect", "skipped_tool", "stopped_early", "arithmetic_slip"]
@@ -279,12 +279,12 @@ def demonstration(
 def _transcript(turns: list[ToolTurn], answer: str | None, final_thought: str | None = None) -> str:
     """Each tool turn after a short thought, then (unless ``answer`` is None) the final thought if
     any and the boxed answer, joined by single spaces. A tool result is written exactly as the
-    tree rollout appends it after the call's closing tag: `` <result>{text}</result>``."""
+    tree rollout appends it after the call's closing tag (``tools.base.wrap_result``)."""
     parts = []
     for turn in turns:
         name, query = turn.call.name, turn.call.query
         thought = f"I need the {query}." if name == "search" else "I compute it with Python."
-        parts.append(f"<think> {thought} </think> <{name}> {query} </{name}> <result>{turn.result}</result>")
+        parts.append(f"<think> {thought} </think> <{name}> {query} </{name}>{wrap_result(turn.result)}")
     if answer is not None:
         if final_thought is not None:
             parts.append(f"<think> {final_thought} </think>")

@@ -48,9 +48,9 @@ NUM_DEMONSTRATIONS_FOR_TOKENIZER = 3000
 VOCAB_SIZE = 512
 """BPE vocabulary of the saved tiny policy: small enough that names split into shared syllables."""
 SFT_STEPS = 2000
-"""Warm-start SFT steps of the saved tiny policy (about 2.5 minutes on 2 quiet CPU cores)."""
+"""Warm-start SFT steps of the saved tiny policy (timings: docs/benchmarks.md)."""
 COPY_DRILL_STEPS = 1000
-"""Copy-drill steps before the SFT (``models.warm_start``; about 20 seconds)."""
+"""Copy-drill steps before the SFT (``models.warm_start``)."""
 
 
 def build_tokenizer(texts: Iterable[str], vocab_size: int = 1024) -> PreTrainedTokenizerFast:

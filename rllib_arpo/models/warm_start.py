@@ -44,6 +44,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rllib_arpo.data.tir_task import DEMONSTRATION_QUALITIES, TIRTask, demonstration, format_prompt
+from rllib_arpo.tools.base import RESULT_CLOSE, RESULT_OPEN, encode_tool_result
 from rllib_arpo.tools.search import SearchTool
 
 DEFAULT_QUALITY_MIX: dict[str, float] = {
@@ -65,7 +66,7 @@ MAX_TOOL_RESULT_TOKENS = 96
 LENGTH_POOL_BATCHES = 16
 """Batches cut from one length-sorted pool of sequences (``length_pooled_batches``)."""
 
-_TOOL_RESULT = re.compile(r" <result>(.*?)</result>", re.DOTALL)
+_TOOL_RESULT = re.compile(f"{re.escape(RESULT_OPEN)}(.*?){re.escape(RESULT_CLOSE)}", re.DOTALL)
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 
 
@@ -94,7 +95,7 @@ def encode_transcript(
     position = 0
     for result in _TOOL_RESULT.finditer(transcript):
         model_ids = encode(transcript[position : result.start()])
-        tool_ids = encode(" <result>") + encode(result.group(1))[:max_tool_result_tokens] + encode("</result>")
+        tool_ids = encode_tool_result(tokenizer, result.group(1), max_tool_result_tokens)
         ids += model_ids + tool_ids
         mask += [1] * len(model_ids) + [0] * len(tool_ids)
         position = result.end()
@@ -105,7 +106,7 @@ def encode_transcript(
 def evaluate_arithmetic(code: str) -> str:
     """What the Python tool answers for a demonstration's own arithmetic (integer literals, ``+``,
     ``-``, ``*`` and parentheses): the value's ``repr``, the interpreter's echo of a final
-    expression. Computed in process, where the sandbox would start a subprocess (~70 ms a call);
+    expression. Computed in process, where the sandbox would start a subprocess for every call;
     any other code raises ValueError."""
     return repr(_arithmetic_value(ast.parse(code.strip(), mode="eval").body))
 

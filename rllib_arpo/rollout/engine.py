@@ -3,14 +3,18 @@
 Engines work on token ids only (no re-tokenisation between turns, so the learner scores exactly
 the tokens that were sampled). Each call continues a batch of token-id prefixes until a stop
 string (a tool's closing tag such as ``</search>``), end of sequence, or ``max_new_tokens``.
+``ENGINES`` names the implementations (``hf``: transformers, ``vllm``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, Sequence, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 import torch
+
+from rllib_arpo.core.registry import Registry
 
 FinishReason = Literal["stop", "eos", "length"]
 
@@ -81,6 +85,10 @@ class GenerationEngine(Protocol):
 
     tokenizer: object
     weights_version: int
+    prefers_early_children: bool
+    """The tree rollout's ``early_children`` when the config leaves it unset: True where time
+    follows sequential decode steps (children started k steps earlier pay), False where it
+    follows tokens computed (dropped would-be children cost more than they save)."""
 
     def generate(self, prefixes: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         """Continue every prefix (prompt + response so far, as token ids)."""
@@ -89,3 +97,23 @@ class GenerationEngine(Protocol):
     def update_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         """Load new policy weights in place and record their version."""
         ...
+
+
+ENGINES: Registry[Callable[[], type]] = Registry("generation engine")
+"""Engine name (the config's ``engine``) -> a function that imports and returns the engine class
+(imported on use: vLLM is heavy and optional). The class builds with
+``from_pretrained(model_path, dtype=..., **engine_options)``."""
+
+
+@ENGINES.register("hf")
+def _hf_engine() -> type:
+    from rllib_arpo.rollout.hf_engine import HFEngine
+
+    return HFEngine
+
+
+@ENGINES.register("vllm")
+def _vllm_engine() -> type:
+    from rllib_arpo.rollout.vllm_engine import VLLMEngine
+
+    return VLLMEngine

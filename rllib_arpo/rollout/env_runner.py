@@ -2,7 +2,8 @@
 
 Each ``sample()`` takes the next ``prompts_per_env_runner`` prompts of this runner's dataset
 shard, runs the tree rollout (engine + tools + branching policy), scores every trajectory with
-the hierarchical reward and returns a ``RolloutBatch``. Metrics go to the runner's
+the hierarchical reward (``rollout.scoring``) and returns a ``RolloutBatch``. Held-out
+evaluation runs on a runner's engine and tools too (``eval.evaluate.evaluate_env_runner``). Metrics go to the runner's
 ``MetricsLogger`` and reach Tune's logs under ``env_runners/``.
 
 Weights arrive through ``set_state({"weights": ..., "weights_version": v})`` as torch tensors
@@ -21,12 +22,15 @@ from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.utils.checkpoints import Checkpointable
 
-from rllib_arpo.core.branching import make_branching_policy
-from rllib_arpo.core.rewards import hierarchical_reward
+from rllib_arpo.core.rewards import RewardSettings, accuracy
+from rllib_arpo.core.settings import from_config
 from rllib_arpo.core.tree import RolloutTree
 from rllib_arpo.data.datasets import PromptStream, dataset_documents, encode_prompt, load_dataset
 from rllib_arpo.learner.rl_module import DTYPES, hf_state_dict, placeholder_spaces
-from rllib_arpo.rollout.tree_rollout import RolloutSettings, TreeRollout, resolve_early_children
+from rllib_arpo.rollout.engine import ENGINES
+from rllib_arpo.rollout.scoring import score_trees
+from rllib_arpo.rollout.settings import RolloutSettings
+from rllib_arpo.rollout.tree_rollout import TreeRollout
 from rllib_arpo.tools.base import ToolExecutor, build_tools
 
 
@@ -41,11 +45,8 @@ class RolloutBatch:
 
 
 def build_engine(config):
-    """The generation engine named by ``config.engine``: ``hf`` (transformers) or ``vllm``."""
-    if config.engine == "hf":
-        from rllib_arpo.rollout.hf_engine import HFEngine as engine_class
-    else:
-        from rllib_arpo.rollout.vllm_engine import VLLMEngine as engine_class
+    """The generation engine named by ``config.engine`` (``rollout.engine.ENGINES``)."""
+    engine_class = ENGINES.get(config.engine)()
     return engine_class.from_pretrained(config.model_path, dtype=DTYPES[config.dtype], **config.engine_options)
 
 
@@ -56,35 +57,15 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         self.engine = build_engine(cfg)
         self.tokenizer = self.engine.tokenizer
         self.tools = ToolExecutor(build_tools(_with_dataset_corpus(cfg.tools, cfg.dataset)), max_workers=cfg.tool_workers, timeout_s=cfg.tool_timeout_s)
-        branching_params = dict(alpha=cfg.alpha, beta=cfg.beta, tau=cfg.tau, mode=cfg.branching_mode)
-        if cfg.branching == "aepo":
-            branching_params["penalty"] = cfg.aepo_branch_penalty
-        self.rollout = TreeRollout(
-            self.engine,
-            self.tools,
-            make_branching_policy(cfg.branching, **branching_params),
-            RolloutSettings(
-                total_rollouts=cfg.total_rollouts,
-                initial_rollouts=cfg.initial_rollouts,
-                branch_factor=cfg.branch_factor,
-                entropy_window=cfg.entropy_window,
-                early_children=resolve_early_children(cfg.early_children, cfg.engine),
-                max_tool_calls=cfg.max_tool_calls,
-                max_response_tokens=cfg.max_response_tokens,
-                max_tool_result_tokens=cfg.max_tool_result_tokens,
-                temperature=cfg.temperature,
-                top_p=cfg.top_p,
-                aepo_pre_monitoring=cfg.aepo_pre_monitoring,
-                aepo_sensitivity=cfg.aepo_sensitivity,
-            ),
-        )
+        settings = from_config(RolloutSettings, cfg)
+        self.rollout = TreeRollout(self.engine, self.tools, settings.branching_policy(), settings)
+        self.reward_settings = from_config(RewardSettings, cfg)
         shard = max((self.worker_index or 0) - 1, 0)
         self.prompts = PromptStream(
             load_dataset(cfg.dataset), seed=cfg.seed or 0, index=shard, count=max(self.num_workers, 1)
         )
         self._seed = (cfg.seed or 0) * 1000 + (self.worker_index or 0)
         self._num_samples = 0
-        self._held_out = None
 
     # --- RLlib EnvRunner API --------------------------------------------------------------
     def sample(self, **kwargs) -> RolloutBatch:
@@ -94,28 +75,10 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         prompts = [encode_prompt(self.tokenizer, e) for e in examples]
         self._num_samples += 1
         trees, stats = self.rollout.run(prompts, seed=self._seed * 100_003 + self._num_samples)
-        scores = [self._score(tree, example) for tree, example in zip(trees, examples)]
+        scores = score_trees(trees, examples, self.tokenizer, self.reward_settings, tuple(self.tools.tools))
         rewards = [np.array([s.reward for s in tree_scores]) for tree_scores in scores]
         self._log_rollout_metrics(trees, scores, stats, time.perf_counter() - start)
         return RolloutBatch(trees, rewards, self.engine.weights_version, self.tokenizer.pad_token_id)
-
-    def _score(self, tree: RolloutTree, example) -> list:
-        """The hierarchical reward breakdown of every trajectory of ``tree``."""
-        cfg = self.config
-        return [
-            hierarchical_reward(
-                self.tokenizer.decode(tree.trajectory_response_ids(i), skip_special_tokens=True),
-                example.ground_truth,
-                task=example.task,
-                tool_calls=tree.tool_calls(i),
-                format_penalty=cfg.format_penalty,
-                correctness=cfg.correctness,
-                multi_tool_bonus=cfg.multi_tool_bonus,
-                multi_tool_set=tuple(cfg.multi_tool_set),
-                tool_tags=tuple(self.tools.tools),
-            )
-            for i in range(tree.num_trajectories)
-        ]
 
     def _log_rollout_metrics(self, trees, scores, stats, seconds: float) -> None:
         """One value per metric and ``sample()`` call (window 1: the latest iteration)."""
@@ -130,7 +93,7 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         values = {
             "reward_mean": rewards.mean(),
             "reward_max": rewards.max(),
-            "accuracy": np.mean([score.correctness >= 1.0 for score in flat]),
+            "accuracy": accuracy(flat),
             "format_error_rate": np.mean([not score.format_ok for score in flat]),
             "branches": stats.branches,
             "entropy_change_after_tool": np.mean(stats.delta_entropies) if stats.delta_entropies else 0.0,
@@ -149,29 +112,6 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         values.update(self.tools.pop_metrics())
         for key, value in values.items():
             self.metrics.log_value(key, float(value), window=1)
-
-    def evaluate_held_out(self) -> dict[str, float]:
-        """The held-out metrics of ``eval.evaluate.evaluate_policy`` with this runner's engine."""
-        from rllib_arpo.eval.evaluate import evaluate_policy
-
-        cfg = self.config
-        if self._held_out is None:
-            spec = cfg.held_out_dataset
-            if spec is None:
-                if cfg.dataset.get("type") != "tir_task":
-                    raise ValueError("held_out_interval > 0 needs held_out_dataset for this dataset")
-                spec = {**cfg.dataset, "split": "test"}
-            self._held_out = load_dataset(spec)[: cfg.held_out_size]
-        return evaluate_policy(
-            self.engine,
-            self._held_out,
-            self.tools,
-            temperature=cfg.held_out_temperature,
-            seed=cfg.seed or 0,
-            max_response_tokens=cfg.max_response_tokens,
-            max_tool_result_tokens=cfg.max_tool_result_tokens,
-            max_tool_calls=cfg.max_tool_calls,
-        )
 
     def get_metrics(self) -> dict:
         return self.metrics.reduce()

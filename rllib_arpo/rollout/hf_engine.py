@@ -95,6 +95,8 @@ class HFEngine:
             prefix in full, which is only useful to measure the saving.
     """
 
+    prefers_early_children = True  # one forward pass decodes the whole batch: time follows decode steps
+
     def __init__(
         self,
         model: PreTrainedModel,

@@ -9,7 +9,8 @@ For a batch of prompts, every round:
    A segment that follows a tool result gives H_t, and dH_t = H_t - H_initial drives the
    branching policy: a fork adds Z - 1 children that resample from the end of that tool result
    (with ``early_children`` they start next to the deciding tokens and are dropped if the fork is
-   declined, so they do not lag k tokens behind their parent);
+   declined, so they do not lag k tokens behind their parent; unset, the engine's
+   ``prefers_early_children`` decides);
 3. paths that closed a tool tag have their calls run in parallel; each result is appended as a
    TOOL segment ``" <result>...</result>"`` (loss-masked);
 4. a prompt whose paths have all ended is topped up with fresh trajectories until it has M.
@@ -31,31 +32,8 @@ from rllib_arpo.core.branching import BranchBudget, BranchingPolicy, aepo_global
 from rllib_arpo.core.entropy import window_mean_entropy
 from rllib_arpo.core.tree import RolloutTree, SegmentKind
 from rllib_arpo.rollout.engine import Generation, GenerationEngine, SamplingParams
-from rllib_arpo.tools.base import ToolCall, ToolExecutor, find_tool_call
-
-
-@dataclass(frozen=True)
-class RolloutSettings:
-    """Budget and sampling knobs of the tree rollout (see ``ARPOConfig`` for their meaning)."""
-
-    total_rollouts: int = 16  # M
-    initial_rollouts: int = 8  # N
-    branch_factor: int = 2  # Z
-    entropy_window: int = 20  # k
-    max_tool_calls: int = 3
-    max_response_tokens: int = 512
-    max_tool_result_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
-    aepo_pre_monitoring: bool = False
-    aepo_sensitivity: float = 1.0
-    early_children: bool = False
-
-
-def resolve_early_children(setting: bool | None, engine: str) -> bool:
-    """``early_children`` as configured, or by engine when None: on for ``hf`` (its time follows
-    sequential decode steps), off for ``vllm`` (on CPU its time follows tokens computed)."""
-    return engine == "hf" if setting is None else setting
+from rllib_arpo.rollout.settings import RolloutSettings
+from rllib_arpo.tools.base import ToolCall, ToolExecutor, encode_tool_result, find_tool_call
 
 
 @dataclass
@@ -117,6 +95,9 @@ class TreeRollout:
         self.tools = tools
         self.branching = branching
         self.settings = settings
+        self.early_children = (
+            engine.prefers_early_children if settings.early_children is None else settings.early_children
+        )
         self.tool_names = tuple(tools.tools)
         self.stop_strings = tuple(f"</{name}>" for name in self.tool_names)
 
@@ -172,14 +153,14 @@ class TreeRollout:
         heads: dict[int, Generation] = {}
         if deciding:
             tentative = {id(path): [] for path in deciding}
-            if s.early_children:
+            if self.early_children:
                 reserved = Counter()
                 for path in deciding:
                     budget = budgets[path.tree]
                     n = min(budget.children_per_branch(), budget.branches_remaining - reserved[path.tree])
                     reserved[path.tree] += n
                     tentative[id(path)] = [self._child(path) for _ in range(n)]
-            phase_one = (active if s.early_children else deciding) + [c for cs in tentative.values() for c in cs]
+            phase_one = (active if self.early_children else deciding) + [c for cs in tentative.values() for c in cs]
             heads = self._generate(trees, phase_one, {}, s.entropy_window, seed * 2 + 1, stats)
             forked = []
             for path in deciding:
@@ -309,12 +290,7 @@ class TreeRollout:
         continuing = []
         for (path, call), result in zip(pending, results):
             tree = trees[path.tree]
-            text_ids = tokenizer.encode(result.text, add_special_tokens=False)[: s.max_tool_result_tokens]
-            result_ids = (
-                tokenizer.encode(" <result>", add_special_tokens=False)
-                + text_ids
-                + tokenizer.encode("</result>", add_special_tokens=False)
-            )
+            result_ids = encode_tool_result(tokenizer, result.text, s.max_tool_result_tokens)
             if len(tree.response_ids(path.node)) + len(result_ids) >= s.max_response_tokens:
                 self._finish(tree, path, "length", stats)
                 continue

@@ -56,6 +56,8 @@ class VLLMEngine:
             whole blocks only, 128 tokens by default on the CPU backend, 16 on GPUs).
     """
 
+    prefers_early_children = False  # on CPU its time follows tokens computed, prefill included
+
     def __init__(
         self,
         model_path: str,

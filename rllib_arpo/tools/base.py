@@ -23,6 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from rllib_arpo.core.registry import Registry
+
 logger = logging.getLogger(__name__)
 
 MAX_ERROR_CHARS = 300
@@ -39,22 +41,21 @@ class Tool(Protocol):
 
 ToolClass = TypeVar("ToolClass", bound=type)
 
-TOOL_REGISTRY: dict[str, type] = {}
-"""Tool name -> tool class. Filled by ``register_tool`` when a tool module is imported."""
+
+class ToolRegistry(Registry[type]):
+    """``Registry`` of tool classes whose ``register`` also sets ``cls.name`` (the tool's tag)."""
+
+    def register(self, name: str) -> Callable[[ToolClass], ToolClass]:
+        def decorator(cls: ToolClass) -> ToolClass:
+            self.add(name, cls)
+            cls.name = name
+            return cls
+
+        return decorator
 
 
-def register_tool(name: str) -> Callable[[ToolClass], ToolClass]:
-    """Class decorator: registers the class under ``name`` and sets ``cls.name = name``."""
-
-    def register(cls: ToolClass) -> ToolClass:
-        if name in TOOL_REGISTRY and TOOL_REGISTRY[name] is not cls:
-            registered = TOOL_REGISTRY[name].__qualname__
-            raise ValueError(f"tool {name!r} is already registered by {registered}")
-        cls.name = name
-        TOOL_REGISTRY[name] = cls
-        return cls
-
-    return register
+TOOLS = ToolRegistry("tool")
+"""Tool name -> tool class. Filled by ``TOOLS.register`` when a tool module is imported."""
 
 
 def build_tools(spec: Mapping[str, Mapping[str, object]]) -> dict[str, Tool]:
@@ -65,9 +66,7 @@ def build_tools(spec: Mapping[str, Mapping[str, object]]) -> dict[str, Tool]:
     """
     tools: dict[str, Tool] = {}
     for name, kwargs in spec.items():
-        if name not in TOOL_REGISTRY:
-            raise ValueError(f"unknown tool {name!r}; registered tools: {sorted(TOOL_REGISTRY)}")
-        cls = TOOL_REGISTRY[name]
+        cls = TOOLS.get(name)
         kwargs = dict(kwargs or {})
         try:
             inspect.signature(cls).bind(**kwargs)
@@ -93,6 +92,27 @@ class ToolResult:
     text: str
     ok: bool
     latency_s: float
+
+
+RESULT_OPEN = " <result>"
+RESULT_CLOSE = "</result>"
+"""A tool's answer reaches the model as ``RESULT_OPEN + text + RESULT_CLOSE`` right after the
+call's closing tag (``wrap_result``); the format check and the prompts name the same tags."""
+
+
+def wrap_result(text: str) -> str:
+    """`` <result>{text}</result>``: how a tool's answer follows its call in the model's text."""
+    return f"{RESULT_OPEN}{text}{RESULT_CLOSE}"
+
+
+def encode_tool_result(tokenizer, text: str, max_tokens: int) -> list[int]:
+    """The token ids of ``wrap_result(text)`` with the text cut to ``max_tokens`` tokens; the
+    tags and the text are encoded separately, so the cut never splits a tag."""
+
+    def encode(piece: str) -> list[int]:
+        return tokenizer.encode(piece, add_special_tokens=False)
+
+    return encode(RESULT_OPEN) + encode(text)[:max_tokens] + encode(RESULT_CLOSE)
 
 
 def find_tool_call(text: str, tool_names: Sequence[str]) -> ToolCall | None:

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from html.parser import HTMLParser
 
 
-from rllib_arpo.tools.base import register_tool
+from rllib_arpo.tools.base import TOOLS
 from rllib_arpo.tools.search import network_error_reason
 
 SKIPPED_ELEMENTS = frozenset({"script", "style", "noscript", "template", "svg"})
@@ -127,7 +127,7 @@ def parse_browse_call(call: str) -> tuple[str, str]:
     return url.strip(), query.strip()
 
 
-@register_tool("browse")
+@TOOLS.register("browse")
 class BrowserTool:
     """Fetches an http(s) page and answers with its text around the query (see the module docstring).
 

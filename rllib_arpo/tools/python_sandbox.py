@@ -62,13 +62,13 @@ import threading
 import time
 import warnings
 
-from rllib_arpo.tools.base import register_tool
+from rllib_arpo.tools.base import TOOLS
 
 # Runs in the child: reads the code, makes its private mounts (in namespaces), sets the limits,
 # leaves root, enters its working directory, then runs the code, echoing the last expression's
-# value. It starts on every call, so it keeps start-up short: _ast (the C module behind ast; ast
-# itself costs ~8 ms), the interpreter's own traceback printer (the traceback module ~12 ms), and
-# mount(2) through ctypes (~5 ms) rather than a shell running mount(8) four times (~13 ms).
+# value. It starts on every call, so it keeps start-up short: _ast (the C module behind ast, which
+# imports much more), the interpreter's own traceback printer (not the traceback module), and
+# mount(2) through ctypes rather than a shell running mount(8) four times (docs/benchmarks.md).
 _RUNNER = """\
 import os, resource, site, sys
 from _ast import PyCF_ONLY_AST, Expr, Expression
@@ -151,7 +151,7 @@ _INTERPRETER = getattr(sys, "_base_executable", None) or sys.executable
 base interpreter's packages, and a venv may live where the namespace hides (a clone under /tmp)."""
 
 
-@register_tool("python")
+@TOOLS.register("python")
 class PythonTool:
     """Executes Python code and answers with what it printed (see the module docstring).
 

@@ -51,7 +51,8 @@ from pathlib import Path
 from typing import Protocol
 
 
-from rllib_arpo.tools.base import register_tool
+from rllib_arpo.core.registry import Registry
+from rllib_arpo.tools.base import TOOLS
 
 logger = logging.getLogger(__name__)
 
@@ -268,20 +269,19 @@ class HttpSearchBackend:
             attempt += 1
 
 
-SEARCH_BACKENDS: dict[str, type[BM25Backend] | type[CacheBackend] | type[HttpSearchBackend]] = {
-    "bm25": BM25Backend,
-    "cache": CacheBackend,
-    "http": HttpSearchBackend,
-}
+SEARCH_BACKENDS: Registry[type] = Registry("search backend")
+SEARCH_BACKENDS.add("bm25", BM25Backend)
+SEARCH_BACKENDS.add("cache", CacheBackend)
+SEARCH_BACKENDS.add("http", HttpSearchBackend)
 
 
-@register_tool("search")
+@TOOLS.register("search")
 class SearchTool:
     """Searches a backend and answers with ``"Page i: snippet"`` lines, or ``"Error: ..."`` when
     the ``http`` backend fails.
 
     Args:
-        backend: a key of ``SEARCH_BACKENDS``.
+        backend: a name in ``SEARCH_BACKENDS``.
         corpus_path: the backend's file (``bm25``: JSONL corpus; ``cache``: JSON cache).
         documents: instead of ``corpus_path``, the data itself (``bm25``: a list of texts;
             ``cache``: a ``{query: answer text}`` mapping).
@@ -307,9 +307,7 @@ class SearchTool:
         max_total_chars: int | None = None,
         index_cache_dir: str | Path | None = None,
     ) -> None:
-        if backend not in SEARCH_BACKENDS:
-            raise ValueError(f"unknown search backend {backend!r}; available: {sorted(SEARCH_BACKENDS)}")
-        backend_class = SEARCH_BACKENDS[backend]
+        backend_class = SEARCH_BACKENDS.get(backend)
         self.backend: SearchBackend
         if backend_class is HttpSearchBackend:
             if corpus_path is not None or documents is not None or backend_options is None:

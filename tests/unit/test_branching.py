@@ -9,14 +9,19 @@ from rllib_arpo.core.branching import (
     BranchBudget,
     NoBranching,
     aepo_global_samples,
-    make_branching_policy,
 )
+from rllib_arpo.rollout.settings import RolloutSettings
+
+
+def arpo(alpha=0.5, beta=0.2, tau=0.5, mode="threshold") -> ARPOBranchingPolicy:
+    """ARPO's rule with the reference scripts' alpha, beta and tau, in threshold mode unless told."""
+    return ARPOBranchingPolicy(alpha=alpha, beta=beta, tau=tau, mode=mode)
 
 # ----------------------------------------------------------------------------- ARPO, threshold
 
 
 def test_threshold_defaults_branch_exactly_when_entropy_rises():
-    policy = ARPOBranchingPolicy()  # alpha = 0.5, beta = 0.2, tau = 0.5, threshold
+    policy = arpo()  # alpha = 0.5, beta = 0.2, tau = 0.5, threshold
     assert policy.branch_probability(0.1) == pytest.approx(0.52)  # 0.5 + 0.2 * 0.1
     assert policy.should_branch(0.1)  # 0.52 > 0.5
     assert policy.branch_probability(0.0) == 0.5  # 0.5 + 0.2 * 0
@@ -27,7 +32,7 @@ def test_threshold_defaults_branch_exactly_when_entropy_rises():
 
 def test_threshold_boundary_with_alpha_below_tau():
     # binary fractions, so the boundary is exact: P = 0.25 + 0.5 * dH
-    policy = ARPOBranchingPolicy(alpha=0.25, beta=0.5, tau=0.5, mode="threshold")
+    policy = arpo(alpha=0.25, beta=0.5, tau=0.5, mode="threshold")
     assert policy.branch_probability(0.5) == 0.5  # 0.25 + 0.25
     assert not policy.should_branch(0.5)  # 0.5 is not > 0.5
     assert policy.should_branch(0.625)  # 0.25 + 0.3125 = 0.5625 > 0.5
@@ -35,7 +40,7 @@ def test_threshold_boundary_with_alpha_below_tau():
 
 
 def test_threshold_is_deterministic_and_ignores_consecutive_branches():
-    policy = ARPOBranchingPolicy()
+    policy = arpo()
     assert policy.should_branch(0.1, consecutive_branches=50, rng=None)
 
 
@@ -43,7 +48,7 @@ def test_threshold_is_deterministic_and_ignores_consecutive_branches():
 
 
 def test_stochastic_probability_clipped_and_alpha_unused():
-    policy = ARPOBranchingPolicy(alpha=0.9, beta=0.2, tau=0.5, mode="stochastic")
+    policy = arpo(alpha=0.9, beta=0.2, tau=0.5, mode="stochastic")
     assert policy.branch_probability(0.1) == pytest.approx(0.52)  # 0.5 + 0.2 * 0.1, alpha unused
     assert policy.branch_probability(0.0) == 0.5
     assert policy.branch_probability(3.0) == 1.0  # 0.5 + 0.6 = 1.1 -> 1
@@ -51,7 +56,7 @@ def test_stochastic_probability_clipped_and_alpha_unused():
 
 
 def test_stochastic_frequency_matches_probability():
-    policy = ARPOBranchingPolicy(beta=0.2, tau=0.5, mode="stochastic")
+    policy = arpo(beta=0.2, tau=0.5, mode="stochastic")
     rng = np.random.default_rng(0)
     n, p = 10_000, 0.52  # dH = 0.1 -> 0.5 + 0.2 * 0.1
     count = sum(policy.should_branch(0.1, rng=rng) for _ in range(n))
@@ -61,14 +66,14 @@ def test_stochastic_frequency_matches_probability():
 
 
 def test_stochastic_extremes_always_and_never():
-    policy = ARPOBranchingPolicy(mode="stochastic")
+    policy = arpo(mode="stochastic")
     rng = np.random.default_rng(1)
     assert all(policy.should_branch(3.0, rng=rng) for _ in range(1000))  # p = 1
     assert not any(policy.should_branch(-3.0, rng=rng) for _ in range(1000))  # p = 0
 
 
 def test_stochastic_same_seed_same_decisions():
-    policy = ARPOBranchingPolicy(mode="stochastic")
+    policy = arpo(mode="stochastic")
     deltas = np.linspace(-2.0, 2.0, 200)
 
     def decisions(seed: int) -> list[bool]:
@@ -81,7 +86,7 @@ def test_stochastic_same_seed_same_decisions():
 
 def test_stochastic_needs_rng():
     with pytest.raises(ValueError, match="rng"):
-        ARPOBranchingPolicy(mode="stochastic").should_branch(0.1)
+        arpo(mode="stochastic").should_branch(0.1)
 
 
 @pytest.mark.parametrize(
@@ -96,12 +101,12 @@ def test_stochastic_needs_rng():
 )
 def test_arpo_invalid_params_name_the_field(params, field):
     with pytest.raises(ValueError, match=field):
-        ARPOBranchingPolicy(**params)
+        arpo(**params)
 
 
 def test_non_finite_delta_entropy_raises():
     with pytest.raises(ValueError, match="delta_entropy"):
-        ARPOBranchingPolicy().should_branch(float("nan"))
+        arpo().should_branch(float("nan"))
 
 
 # ----------------------------------------------------------------------------- AEPO
@@ -137,7 +142,7 @@ def test_aepo_global_samples_invalid():
 
 
 def test_aepo_penalty_factor():
-    policy = AEPOBranchingPolicy()  # penalty = 0.05
+    policy = AEPOBranchingPolicy(base=arpo(), penalty=0.05)
     assert policy.penalty_factor(0) == 1.0
     assert policy.penalty_factor(1) == pytest.approx(0.95)  # 1 - 0.05
     assert policy.penalty_factor(10) == pytest.approx(0.5)  # 1 - 0.5
@@ -148,7 +153,7 @@ def test_aepo_penalty_factor():
 
 
 def test_aepo_threshold_damps_score_before_comparing_with_tau():
-    policy = AEPOBranchingPolicy(ARPOBranchingPolicy(alpha=0.5, beta=0.2, tau=0.5), penalty=0.05)
+    policy = AEPOBranchingPolicy(base=arpo(alpha=0.5, beta=0.2, tau=0.5), penalty=0.05)
     # dH = 0.1: P = 0.52
     assert policy.should_branch(0.1, consecutive_branches=0)  # 0.52 > 0.5
     assert policy.branch_probability(0.1, 1) == pytest.approx(0.494)  # 0.52 * 0.95
@@ -159,7 +164,7 @@ def test_aepo_threshold_damps_score_before_comparing_with_tau():
 
 
 def test_aepo_stochastic_probability_and_cutoff():
-    policy = AEPOBranchingPolicy.from_params(penalty=0.05, beta=0.2, tau=0.5, mode="stochastic")
+    policy = AEPOBranchingPolicy(base=arpo(beta=0.2, tau=0.5, mode="stochastic"), penalty=0.05)
     assert policy.branch_probability(0.1, 0) == pytest.approx(0.52)  # clip(0.5 + 0.02)
     assert policy.branch_probability(0.1, 1) == pytest.approx(0.494)  # 0.52 * 0.95
     assert policy.branch_probability(3.0, 10) == pytest.approx(0.5)  # clip(1.1) = 1, * 0.5
@@ -169,21 +174,31 @@ def test_aepo_stochastic_probability_and_cutoff():
 
 def test_aepo_invalid_penalty():
     with pytest.raises(ValueError, match="penalty"):
-        AEPOBranchingPolicy(penalty=-0.05)
+        AEPOBranchingPolicy(base=arpo(), penalty=-0.05)
 
 
-# ----------------------------------------------------------------------------- factory
+# ----------------------------------------------------------------------------- built from the settings
 
 
-def test_make_branching_policy():
-    arpo = make_branching_policy("arpo", alpha=0.4, beta=0.3, tau=0.6, mode="stochastic")
-    assert arpo == ARPOBranchingPolicy(alpha=0.4, beta=0.3, tau=0.6, mode="stochastic")
-    aepo = make_branching_policy("aepo", beta=0.3, penalty=0.1)
-    assert aepo == AEPOBranchingPolicy(ARPOBranchingPolicy(beta=0.3), penalty=0.1)
-    with pytest.raises(ValueError, match="unknown branching policy 'ppo'"):
-        make_branching_policy("ppo")
-    with pytest.raises(ValueError, match="tau"):
-        make_branching_policy("aepo", tau=2.0)
+def test_rollout_settings_build_the_configured_rule_and_validate_it_by_building_it():
+    settings = RolloutSettings(alpha=0.4, beta=0.3, tau=0.6, branching_mode="threshold")
+    assert settings.branching_policy() == arpo(alpha=0.4, beta=0.3, tau=0.6, mode="threshold")
+    aepo = RolloutSettings(branching="aepo", beta=0.3, aepo_branch_penalty=0.1).branching_policy()
+    assert aepo == AEPOBranchingPolicy(base=arpo(beta=0.3, mode="stochastic"), penalty=0.1)
+    assert RolloutSettings().branching_policy().mode == "stochastic"  # the one default, the reference code's
+    with pytest.raises(ValueError, match="branching must be one of \\['arpo', 'aepo'\\], got 'ppo'"):
+        RolloutSettings(branching="ppo")
+    with pytest.raises(ValueError, match=r"tau must lie in \[0, 1\], got 2.0"):
+        RolloutSettings(branching="aepo", tau=2.0)
+    with pytest.raises(ValueError, match="penalty must be >= 0"):
+        RolloutSettings(branching="aepo", aepo_branch_penalty=-1.0)
+
+
+def test_the_rules_have_no_defaults_of_their_own():
+    with pytest.raises(TypeError):
+        ARPOBranchingPolicy(alpha=0.5, beta=0.2, tau=0.5)  # mode missing
+    with pytest.raises(TypeError):
+        AEPOBranchingPolicy(base=arpo())  # penalty missing
 
 
 # ----------------------------------------------------------------------------- budget

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from rllib_arpo.tools.base import TOOL_REGISTRY, build_tools, find_tool_call
+from rllib_arpo.tools.base import TOOLS, build_tools, find_tool_call
 from rllib_arpo.tools.browser import BrowserTool, best_window, html_to_text, parse_browse_call
 
 ARTICLE = b"""<!DOCTYPE html><html><head><title>Fish &amp; chips</title>
@@ -73,7 +73,7 @@ def base_url() -> Iterator[str]:
 
 
 def test_registered_and_built_from_config() -> None:
-    assert TOOL_REGISTRY["browse"] is BrowserTool
+    assert TOOLS.get("browse") is BrowserTool
     tool = build_tools({"browse": {"timeout_s": 1.0, "window_chars": 50}})["browse"]
     assert isinstance(tool, BrowserTool) and tool.window_chars == 50
     call = find_tool_call("Let me read it. <browse> http://a.example/x | price </browse>", ["browse"])

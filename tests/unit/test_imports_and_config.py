@@ -29,9 +29,19 @@ def test_core_imports_neither_ray_nor_transformers():
         ({"branch_factor": 0}, r"branch_factor \(Z=0\) must be >= 1"),
         ({"tau": 1.5}, r"tau must lie in \[0, 1\], got 1.5"),
         ({"beta": -0.1}, "beta must be >= 0"),
-        ({"advantage_estimator": "ppo"}, "advantage_estimator must be one of"),
-        ({"policy_loss": "clip"}, "policy_loss must be one of"),
-        ({"branching_mode": "always"}, "branching_mode must be one of"),
+        ({"advantage_estimator": "ppo"}, "unknown advantage estimator 'ppo'.*known: aepo, arpo_hard"),
+        ({"policy_loss": "clip"}, "unknown policy loss 'clip'"),
+        ({"loss_agg_mode": "mean"}, "unknown loss aggregation mode 'mean'"),
+        ({"engine": "sglang"}, "unknown generation engine 'sglang'.*known: hf, vllm"),
+        ({"dtype": "fp8"}, "dtype must be one of"),
+        ({"branching_mode": "always"}, r"mode \(branching_mode\) must be one of \['threshold', 'stochastic'\]"),
+        ({"branching": "tree"}, "branching must be one of"),
+        ({"top_p": 0.0}, r"top_p must lie in \(0, 1\]"),
+        ({"temperature": 0.0}, "temperature must be > 0 for RL sampling"),
+        ({"kl_kind": "k4"}, "kl_kind must be one of"),
+        ({"token_sum_norm": 512.0}, "token_sum_norm applies to seq-mean-token-sum only"),
+        ({"correctness": "bleu"}, "correctness must be one of"),
+        ({"prompts_per_env_runner": 0}, "prompts_per_env_runner must be >= 1"),
         ({"dual_clip": 0.5}, "dual_clip must be > 1"),
         ({"micro_batch_size": 0}, "micro_batch_size must be >= 1"),
         ({"model_path": None}, "model_path must name"),
@@ -42,7 +52,7 @@ def test_config_validation_names_the_field(fields, message):
     config = ARPOConfig().policy(model_path="/some/model")
     for key, value in fields.items():
         setattr(config, key, value)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match="ARPOConfig: " + message):
         config._validate_arpo()
 
 
@@ -51,8 +61,35 @@ def test_fluent_setters_reject_unknown_fields():
     config = config.training(policy_loss="sg_clip", lr=1e-5)
     assert (config.total_rollouts, config.initial_rollouts, config.tau, config.early_children) == (6, 3, 0.4, True)
     assert (config.policy_loss, config.lr) == ("sg_clip", 1e-5)
-    with pytest.raises(ValueError, match=r"unknown field\(s\) \['N'\]"):
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['N'\] for .rollouts\(\)"):
         ARPOConfig().rollouts(N=4)
+
+
+def test_each_field_group_is_the_one_source_of_its_fields_and_defaults():
+    from dataclasses import fields as fields_of
+
+    from rllib_arpo.config_fields import CONFIG_GROUPS
+    from rllib_arpo.core.settings import default_of, from_config
+    from rllib_arpo.rollout.settings import RolloutSettings
+
+    config = ARPOConfig()
+    names = [f.name for group in CONFIG_GROUPS.values() for f in fields_of(group)]
+    assert len(names) == len(set(names))  # no field in two groups
+    for group_name, group in CONFIG_GROUPS.items():
+        for field in fields_of(group):
+            assert getattr(config, field.name) == default_of(field), field.name
+            assert field.metadata["doc"], f"{field.name} has no doc"
+        # the fluent setter of the group takes exactly its fields
+        example = fields_of(group)[0]
+        getattr(ARPOConfig(), group_name)(**{example.name: getattr(config, example.name)})
+    # mutable defaults are not shared between configs
+    ARPOConfig().dataset["seed"] = 7
+    assert ARPOConfig().dataset["seed"] == 0
+    # what the config says reaches the EnvRunner's rollout settings, field by field
+    config.rollouts(total_rollouts=6, initial_rollouts=3, tau=0.4, branching="aepo", early_children=False)
+    settings = from_config(RolloutSettings, config)
+    assert (settings.total_rollouts, settings.initial_rollouts, settings.tau) == (6, 3, 0.4)
+    assert settings.branching_policy().base.tau == 0.4 and settings.early_children is False
 
 
 def test_tir_task_dataset_and_prompt_stream_shards():
@@ -77,7 +114,7 @@ def test_verl_parquet_and_gsm8k_jsonl_are_read_as_given():
 
 
 def test_dataset_errors_are_clear(tmp_path):
-    with pytest.raises(ValueError, match="dataset type 'csv' is not one of"):
+    with pytest.raises(ValueError, match="unknown dataset type 'csv'; known: jsonl, parquet, tir_task"):
         load_dataset({"type": "csv"})
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_dataset({"type": "parquet", "path": str(tmp_path / "none.parquet")})

@@ -4,13 +4,7 @@ import pytest
 import torch
 
 from rllib_arpo.core import losses
-from rllib_arpo.core.losses import (
-    aggregate_loss,
-    compute_policy_loss,
-    get_policy_loss,
-    kl_penalty,
-    register_policy_loss,
-)
+from rllib_arpo.core.losses import LOSS_AGGREGATIONS, POLICY_LOSSES, aggregate_loss, compute_policy_loss, kl_penalty
 
 
 def logprobs_for_ratios(ratios: list[list[float]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -23,7 +17,7 @@ def test_ppo_clip_values_with_asymmetric_bounds():
     # eps_low = 0.2, eps_high = 0.28: clip range [0.8, 1.28].
     logprobs, old = logprobs_for_ratios([[0.5, 0.9, 1.1, 1.5], [0.5, 0.9, 1.1, 1.5]])
     advantages = torch.tensor([[2.0] * 4, [-2.0] * 4], dtype=torch.float64)
-    terms = get_policy_loss("ppo_clip")(logprobs, old, advantages, eps_low=0.2, eps_high=0.28)
+    terms = POLICY_LOSSES.get("ppo_clip")(logprobs, old, advantages, eps_low=0.2, eps_high=0.28)
     expected = torch.tensor(
         [
             # A = +2: -min(r A, clip(r) A)
@@ -82,8 +76,16 @@ def test_sequence_means_skip_rows_without_tokens_and_padding_cannot_leak():
 def test_aggregation_argument_errors():
     with pytest.raises(ValueError, match="token_sum_norm only applies"):
         aggregate_loss(LOSS_2X3, MASK_2X3, "token-mean", token_sum_norm=3.0)
-    with pytest.raises(ValueError, match="unknown aggregation mode 'mean'"):
+    with pytest.raises(ValueError, match="unknown loss aggregation mode 'mean'.*known: seq-mean-token-mean"):
         aggregate_loss(LOSS_2X3, MASK_2X3, "mean")
+
+
+def test_each_aggregation_names_the_denominator_that_micro_batches_share():
+    # MASK_2X3 rows hold 2 and 1 trained tokens, and a third row none
+    mask = torch.tensor([[1, 1, 0], [0, 1, 0], [0, 0, 0]])
+    assert LOSS_AGGREGATIONS.get("token-mean").row_denominators(mask).tolist() == [2, 1, 0]
+    assert LOSS_AGGREGATIONS.get("seq-mean-token-mean").row_denominators(mask).tolist() == [1, 1, 0]
+    assert LOSS_AGGREGATIONS.get("seq-mean-token-sum").row_denominators(mask).tolist() == [1, 1, 0]
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
@@ -185,24 +187,24 @@ def test_compute_policy_loss_rejects_mismatched_shapes():
 
 
 def test_unknown_loss_name_lists_known_names():
-    known = "known policy losses: cispo, ppo_clip, sg_clip"
-    with pytest.raises(ValueError, match=f"unknown policy loss 'gspo'; {known}"):
-        get_policy_loss("gspo")
+    known = "known: cispo, ppo_clip, sg_clip"
+    with pytest.raises(ValueError, match=f"unknown policy loss 'gspo'.*; {known}"):
+        POLICY_LOSSES.get("gspo")
 
 
 def test_register_policy_loss(monkeypatch):
-    monkeypatch.setattr(losses, "POLICY_LOSSES", dict(losses.POLICY_LOSSES))
+    monkeypatch.setattr(POLICY_LOSSES, "_entries", dict(POLICY_LOSSES._entries))
 
-    @register_policy_loss("reinforce")
+    @POLICY_LOSSES.register("reinforce")
     def reinforce(logprobs, old_logprobs, advantages, *, eps_low, eps_high, dual_clip=None):
         never_clipped = torch.zeros_like(logprobs, dtype=torch.bool)
         return losses.PolicyLossTerms(-advantages * logprobs, never_clipped)
 
-    assert get_policy_loss("reinforce") is reinforce
+    assert POLICY_LOSSES.get("reinforce") is reinforce
     logprobs, old = logprobs_for_ratios([[0.5, 1.0]])
     # -(A * logp) averaged: -(2 * ln 0.5 + 2 * 0) / 2 = ln 2
     advantages = torch.full((1, 2), 2.0)
     loss, _ = compute_policy_loss("reinforce", logprobs, old, advantages, torch.ones(1, 2))
     assert loss.item() == pytest.approx(math.log(2))
     with pytest.raises(ValueError, match="already registered"):
-        register_policy_loss("ppo_clip")(reinforce)
+        POLICY_LOSSES.register("ppo_clip")(reinforce)

@@ -13,6 +13,8 @@ from rllib_arpo.core.rewards import (
     exact_match,
     extract_answer,
     extract_gsm8k_reference,
+    RewardSettings,
+    accuracy,
     hierarchical_reward,
     math_equal,
     normalize_answer,
@@ -256,7 +258,7 @@ def test_format_failure_gets_the_penalty():
     assert (out.reward, out.format_ok, out.bonus) == (-1.0, False, 0.0)
     assert out.format_reason == "text after the final </answer> at offset 44"
     assert out.correctness == 1.0 and out.answer == "Frank Lowy"  # reported, not rewarded
-    custom = hierarchical_reward(response, "Frank Lowy", tool_calls=BOTH_TOOLS, format_penalty=-0.5)
+    custom = hierarchical_reward(response, "Frank Lowy", tool_calls=BOTH_TOOLS, settings=RewardSettings(format_penalty=-0.5))
     assert custom.reward == -0.5
 
 
@@ -268,10 +270,10 @@ def test_correct_answer_with_and_without_the_multi_tool_bonus():
     assert (one.reward, one.bonus) == (1.0, 0.0)
     response = tir("Frank Lowy")
     bigger = hierarchical_reward(
-        response, "Frank Lowy", tool_calls=BOTH_TOOLS, multi_tool_bonus=0.5
+        response, "Frank Lowy", tool_calls=BOTH_TOOLS, settings=RewardSettings(multi_tool_bonus=0.5)
     )
     assert bigger.reward == pytest.approx(1.5)
-    disabled = hierarchical_reward(response, "Frank Lowy", tool_calls=BOTH_TOOLS, multi_tool_set=())
+    disabled = hierarchical_reward(response, "Frank Lowy", tool_calls=BOTH_TOOLS, settings=RewardSettings(multi_tool_set=()))
     assert disabled.reward == 1.0
 
 
@@ -281,7 +283,7 @@ def test_f1_partial_credit_and_the_bonus():
     assert out.correctness == pytest.approx(0.8)
     assert out.reward == pytest.approx(0.9)  # 0.8 + 0.1
     em = hierarchical_reward(
-        tir("Frank Lowy AC"), "Frank Lowy", tool_calls=BOTH_TOOLS, correctness="em"
+        tir("Frank Lowy AC"), "Frank Lowy", tool_calls=BOTH_TOOLS, settings=RewardSettings(correctness="em")
     )
     assert (em.correctness, em.bonus, em.reward) == (0.0, 0.0, 0.0)
 
@@ -302,7 +304,7 @@ def test_math_task_uses_symbolic_equivalence():
     assert wrong.reward == 0.0
     # "f1" on the same LaTeX: tokens [6, 3sqrt3] vs [3sqrt3, 6] after normalisation all overlap
     as_f1 = hierarchical_reward(
-        response, r"3\sqrt{3} - 6", task="math", tool_calls=SEARCH_ONLY, correctness="f1"
+        response, r"3\sqrt{3} - 6", task="math", tool_calls=SEARCH_ONLY, settings=RewardSettings(correctness="f1")
     )
     assert as_f1.correctness == 1.0
 
@@ -310,3 +312,14 @@ def test_math_task_uses_symbolic_equivalence():
 def test_unknown_task_is_rejected():
     with pytest.raises(ValueError, match="unknown task"):
         hierarchical_reward(tir("1"), "1", task="code", tool_calls={})
+
+
+def test_accuracy_is_the_mean_correctness_and_reward_settings_check_their_metric():
+    right = hierarchical_reward(tir(r"\boxed{Frank Lowy}"), "Frank Lowy", tool_calls=BOTH_TOOLS)
+    partial = hierarchical_reward(tir("Frank Lowy AC"), "Frank Lowy", tool_calls=BOTH_TOOLS)  # F1 0.8
+    broken = hierarchical_reward("<think> Frank Lowy", "Frank Lowy", tool_calls=BOTH_TOOLS)  # S = 0
+    assert accuracy([right, partial, broken]) == pytest.approx((1.0 + 0.8 + 0.0) / 3)
+    with pytest.raises(ValueError, match="accuracy of no responses"):
+        accuracy([])
+    with pytest.raises(ValueError, match="correctness must be one of auto, em, f1, math, got 'bleu'"):
+        RewardSettings(correctness="bleu")

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rllib_arpo.tools import base
-from rllib_arpo.tools.base import ToolCall, ToolExecutor, build_tools, find_tool_call, register_tool
+from rllib_arpo.tools.base import TOOLS, ToolCall, ToolExecutor, build_tools, find_tool_call
 from rllib_arpo.tools.python_sandbox import PythonTool
 from rllib_arpo.tools.search import NO_RESULTS, SearchTool, split_pages
 
@@ -70,7 +69,7 @@ def test_build_tools_creates_configured_tools():
 
 
 def test_build_tools_rejects_an_unknown_tool_and_lists_the_known_ones():
-    with pytest.raises(ValueError, match=r"unknown tool 'calculator'.*'python'.*'search'"):
+    with pytest.raises(ValueError, match="unknown tool 'calculator'; known: browse, python, search"):
         build_tools({"calculator": {}})
 
 
@@ -80,17 +79,17 @@ def test_build_tools_rejects_bad_arguments():
 
 
 def test_register_tool_sets_the_name_and_refuses_a_second_class_under_it(monkeypatch):
-    monkeypatch.setattr(base, "TOOL_REGISTRY", dict(base.TOOL_REGISTRY))
+    monkeypatch.setattr(TOOLS, "_entries", dict(TOOLS._entries))
 
-    @register_tool("echo")
+    @TOOLS.register("echo")
     class Echo:
         def __call__(self, query: str) -> str:
             return query
 
-    assert Echo.name == "echo" and base.TOOL_REGISTRY["echo"] is Echo
+    assert Echo.name == "echo" and TOOLS.get("echo") is Echo
     assert build_tools({"echo": {}})["echo"]("hi") == "hi"
     with pytest.raises(ValueError, match="already registered"):
-        register_tool("echo")(type("OtherEcho", (), {}))
+        TOOLS.register("echo")(type("OtherEcho", (), {}))
 
 
 # --- executor -----------------------------------------------------------------------------

@@ -14,7 +14,8 @@ import pytest
 
 from rllib_arpo.core.tree import RolloutTree, SegmentKind
 from rllib_arpo.rollout.engine import Generation, SamplingParams
-from rllib_arpo.rollout.tree_rollout import RolloutSettings, TreeRollout, resolve_early_children
+from rllib_arpo.rollout.settings import RolloutSettings
+from rllib_arpo.rollout.tree_rollout import TreeRollout
 from rllib_arpo.tools.base import ToolExecutor
 
 WINDOW = 4  # k: entropy window of every test
@@ -52,6 +53,8 @@ class ScriptedEngine:
     """Replies ``script[r]`` to a prefix holding r tool results (the last turn repeats), minus
     what the prefix already holds of that turn (a continuation after a phase-1 head); honours
     ``max_new_tokens`` like a real engine and records every call."""
+
+    prefers_early_children = False
 
     def __init__(self, script: list[Turn]):
         self.script = script
@@ -326,8 +329,14 @@ def test_aepo_pre_monitoring_probes_then_samples_m_minus_one_more(tools):
     assert policy.deltas == [0.5]
 
 
-def test_early_children_default_follows_the_engine_unless_set():
-    assert resolve_early_children(None, "hf") is True
-    assert resolve_early_children(None, "vllm") is False
-    assert resolve_early_children(False, "hf") is False
-    assert resolve_early_children(True, "vllm") is True
+def test_early_children_default_follows_the_engine_unless_set(tools):
+    from rllib_arpo.rollout.hf_engine import HFEngine
+    from rllib_arpo.rollout.vllm_engine import VLLMEngine
+
+    assert (HFEngine.prefers_early_children, VLLMEngine.prefers_early_children) == (True, False)
+    engine = ScriptedEngine(SEARCH_THEN_ANSWER)
+    for setting, expected in ((None, False), (True, True), (False, False)):
+        settings = RolloutSettings(early_children=setting)
+        assert TreeRollout(engine, tools, FixedBranching(True), settings).early_children is expected
+    engine.prefers_early_children = True
+    assert TreeRollout(engine, tools, FixedBranching(True), RolloutSettings()).early_children is True

@@ -7,7 +7,9 @@ import torch
 import rllib_arpo.tools  # noqa: F401  (registers the tools)
 from rllib_arpo.data.datasets import PromptExample
 from rllib_arpo.data.tir_task import SPLIT_NAMES, TIRExample, TIRTask, format_prompt
+from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.eval.evaluate import evaluate_policy
+from rllib_arpo.rollout.settings import RolloutSettings
 from rllib_arpo.models.tiny_policy import build_tiny_policy, build_tokenizer
 from rllib_arpo.models.tiny_policy import TAG_TOKENS
 from rllib_arpo.models.warm_start import (
@@ -214,6 +216,7 @@ class ScriptedEngine:
     segment after the n-th tool result is ``script[prompt][n]``."""
 
     weights_version = 0
+    prefers_early_children = False
 
     def __init__(self, tokenizer, scripts: dict[str, list[str]]):
         self.tokenizer = tokenizer
@@ -247,7 +250,16 @@ def test_evaluate_policy_scores_each_question(tokenizer):
     prompts = [example.prompt for example in examples]
     engine = ScriptedEngine(tokenizer, dict(zip(prompts, [right, wrong, broken])))
     tools = ToolExecutor({"python": lambda code: str(eval(code)), "search": lambda query: "Page 1: nothing"})
-    metrics = evaluate_policy(engine, examples, tools, temperature=1.0, seed=0, chunk_size=2)
+    metrics = evaluate_policy(
+        engine,
+        examples,
+        tools,
+        rollout_settings=RolloutSettings(max_response_tokens=256, max_tool_result_tokens=96),
+        reward_settings=RewardSettings(),
+        temperature=1.0,
+        seed=0,
+        chunk_size=2,
+    )
 
     def length(text: str) -> int:
         return len(tokenizer.encode(text))

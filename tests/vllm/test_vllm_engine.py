@@ -23,7 +23,8 @@ from rllib_arpo.core.entropy import entropy_from_logits, normalize_entropy  # no
 from rllib_arpo.core.tree import SegmentKind  # noqa: E402
 from rllib_arpo.data.tir_task import TIRTask, format_prompt  # noqa: E402
 from rllib_arpo.rollout.engine import GenerationEngine, SamplingParams  # noqa: E402
-from rllib_arpo.rollout.tree_rollout import RolloutSettings, TreeRollout  # noqa: E402
+from rllib_arpo.rollout.settings import RolloutSettings  # noqa: E402
+from rllib_arpo.rollout.tree_rollout import TreeRollout  # noqa: E402
 from rllib_arpo.tools.base import ToolExecutor, build_tools  # noqa: E402
 
 TOOL_TAGS = ("</search>", "</python>")

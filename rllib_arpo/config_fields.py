@@ -1,0 +1,160 @@
+"""Every field ARPO adds to RLlib's AlgorithmConfig, by group, with its default and its doc.
+
+Each group is a frozen dataclass declared with ``core.settings.setting``: ``ARPOConfig`` takes its
+fields and defaults from ``CONFIG_GROUPS``, validates a config by building every group (each
+checks its own values in ``__post_init__``), and ``scripts/config_reference.py`` writes the
+README's configuration reference from the docs. The rollout and reward groups live next to the
+code that uses them (``rollout.settings``, ``core.rewards``); the others are read from the config
+directly by the EnvRunner and the learner. Paper symbols are given in brackets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS
+from rllib_arpo.core.losses import LOSS_AGGREGATIONS, POLICY_LOSSES
+from rllib_arpo.core.rewards import RewardSettings
+from rllib_arpo.core.settings import setting
+from rllib_arpo.rollout.engine import ENGINES
+from rllib_arpo.rollout.settings import RolloutSettings
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+def _at_least(values: dict[str, tuple[Any, float]]) -> None:
+    for name, (value, minimum) in values.items():
+        if not value >= minimum:
+            raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """The policy and the engine that samples from it."""
+
+    model_path: str | None = setting(
+        None, "A `save_pretrained` directory, or `tiny` for the embedded policy built on first use."
+    )
+    dtype: str = setting("float32", "Weights of the learner and the engines: `float32`, `bfloat16`, `float16`.")
+    engine: str = setting("hf", "Generation engine: `hf` (transformers, exact entropy) or `vllm` (prefix caching).")
+    engine_options: dict = setting({}, "Keyword arguments of the engine's constructor (vLLM: `gpu_memory_utilization`, ...).")
+
+    def __post_init__(self) -> None:
+        ENGINES.get(self.engine)
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype must be one of {list(DTYPE_NAMES)}, got {self.dtype!r}")
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """Where prompts come from."""
+
+    dataset: dict = setting(
+        {"type": "tir_task", "seed": 0, "split": "train"},
+        "Training prompts: `{type: tir_task | parquet | jsonl, ...}` (see `data.datasets`).",
+    )
+    prompts_per_env_runner: int = setting(4, "Prompts each EnvRunner rolls out per iteration.")
+
+    def __post_init__(self) -> None:
+        _at_least({"prompts_per_env_runner": (self.prompts_per_env_runner, 1)})
+
+
+@dataclass(frozen=True)
+class ToolSettings:
+    """The tools the policy may call."""
+
+    tools: dict = setting(
+        {"search": {"backend": "bm25"}, "python": {}}, "`{name: options}` of the registered tools (`search`, `python`, `browse`)."
+    )
+    tool_workers: int = setting(8, "Threads running a round's tool calls in parallel.")
+    tool_timeout_s: float = setting(30.0, "Wall-clock limit of one tool call; a late call answers with an error text.")
+
+    def __post_init__(self) -> None:
+        _at_least({"tool_workers": (self.tool_workers, 1)})
+        if not self.tool_timeout_s > 0:
+            raise ValueError(f"tool_timeout_s must be > 0, got {self.tool_timeout_s!r}")
+
+
+@dataclass(frozen=True)
+class HeldOutSettings:
+    """Held-out evaluation during training (results under `evaluation/`)."""
+
+    held_out_interval: int = setting(
+        0, "0: off; else evaluate before the first update and after every `held_out_interval` iterations."
+    )
+    held_out_dataset: dict | None = setting(None, "Held-out questions; null: the `tir_task`'s `test` split.")
+    held_out_size: int | None = setting(None, "Evaluate the first this many questions; null: all.")
+    held_out_temperature: float = setting(0.0, "Sampling temperature of the evaluation (0 = greedy).")
+
+    def __post_init__(self) -> None:
+        _at_least({"held_out_interval": (self.held_out_interval, 0), "held_out_temperature": (self.held_out_temperature, 0.0)})
+
+
+@dataclass(frozen=True)
+class LearningSettings:
+    """Advantages and the policy loss (RLlib's own `lr`, `grad_clip`, `num_epochs`, `minibatch_size` apply too)."""
+
+    advantage_estimator: str = setting(
+        "arpo_soft", "`arpo_soft`, `arpo_hard`, `grpo`, `dr_grpo`, `rloo`/`loop`, `reinforce_pp`, `aepo` (`core.advantages`)."
+    )
+    entropy_advantage_coef: float = setting(0.2, "[gamma] AEPO's entropy-aware advantage A * (1 + gamma * sg(z_H)).")
+    policy_loss: str = setting("ppo_clip", "`ppo_clip`, `sg_clip` (GPPO / AEPO), `cispo` (`core.losses`).")
+    clip_eps_low: float = setting(0.2, "Lower clip: ratio >= 1 - eps_low.")
+    clip_eps_high: float = setting(0.2, "Upper clip: ratio <= 1 + eps_high (DAPO's clip-higher: 0.28).")
+    dual_clip: float | None = setting(None, "Dual-clip constant c > 1 for negative advantages; null: off.")
+    loss_agg_mode: str = setting("token-mean", "`token-mean` (DAPO), `seq-mean-token-mean` (GRPO), `seq-mean-token-sum` (Dr.GRPO).")
+    token_sum_norm: float | None = setting(None, "`seq-mean-token-sum`'s constant divisor (Dr.GRPO: the longest response); null: 1.")
+    kl_coef: float = setting(0.0, "Weight of the KL penalty to the initial policy; 0: no reference model.")
+    kl_kind: str = setting("k3", "KL estimator: `k1`, `k2`, `k3`.")
+    dynamic_sampling: bool = setting(False, "DAPO: drop prompts whose trajectories all got the same reward.")
+    micro_batch_size: int = setting(8, "Rows per forward/backward pass; gradients accumulate over the batch.")
+    weight_decay: float = setting(0.0, "AdamW weight decay.")
+
+    def __post_init__(self) -> None:
+        ADVANTAGE_ESTIMATORS.get(self.advantage_estimator)
+        POLICY_LOSSES.get(self.policy_loss)
+        aggregation = LOSS_AGGREGATIONS.get(self.loss_agg_mode)
+        if self.token_sum_norm is not None and not aggregation.takes_token_sum_norm:
+            raise ValueError(f"token_sum_norm applies to seq-mean-token-sum only, not {self.loss_agg_mode!r}")
+        if not 0 <= self.clip_eps_low < 1 or not self.clip_eps_high >= 0:
+            raise ValueError(
+                f"clip_eps_low must lie in [0, 1) and clip_eps_high be >= 0, got {self.clip_eps_low}, {self.clip_eps_high}"
+            )
+        if self.dual_clip is not None and not self.dual_clip > 1:
+            raise ValueError(f"dual_clip must be > 1 (or null), got {self.dual_clip!r}")
+        if self.kl_kind not in KL_ESTIMATORS:
+            raise ValueError(f"kl_kind must be one of {list(KL_ESTIMATORS)}, got {self.kl_kind!r}")
+        _at_least({"micro_batch_size": (self.micro_batch_size, 1), "kl_coef": (self.kl_coef, 0.0)})
+
+
+CONFIG_GROUPS: dict[str, type] = {
+    "policy": PolicySettings,
+    "data": DataSettings,
+    "tool_use": ToolSettings,
+    "rollouts": RolloutSettings,
+    "rewards": RewardSettings,
+    "held_out": HeldOutSettings,
+    "training": LearningSettings,
+}
+"""Fluent setter of ``ARPOConfig`` -> the group of fields it sets."""
+
+
+def config_reference() -> str:
+    """The configuration reference as Markdown: one table per group, from the fields' docs."""
+    import json
+    from dataclasses import fields
+
+    from rllib_arpo.core.settings import default_of
+
+    lines = []
+    for setter, group in CONFIG_GROUPS.items():
+        summary = " ".join(group.__doc__.split("\n\n")[0].split())
+        lines += ["", f"**{setter}** (`ARPOConfig.{setter}(...)`): {summary}", ""]
+        lines += ["| field | default | meaning |", "|---|---|---|"]
+        for settings_field in fields(group):
+            default = json.dumps(default_of(settings_field))
+            doc = settings_field.metadata["doc"].replace("|", "\\|")
+            lines.append(f"| `{settings_field.name}` | `{default}` | {doc} |")
+    return "\n".join(lines[1:]) + "\n"

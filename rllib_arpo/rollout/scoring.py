@@ -1,0 +1,46 @@
+"""One scoring path: the hierarchical reward of every trajectory of a batch of rollout trees.
+
+Training (the EnvRunner), held-out evaluation and the benchmarks all score through
+``score_trees``, with the run's ``RewardSettings`` and the tools it actually has, so a
+response gets the same reward and the same correctness wherever it is scored; ``accuracy``
+(``core.rewards``) is the one accuracy they report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rllib_arpo.core.rewards import RewardBreakdown, RewardSettings, hierarchical_reward
+from rllib_arpo.core.tree import RolloutTree
+from rllib_arpo.data.datasets import PromptExample
+
+
+def score_trees(
+    trees: Sequence[RolloutTree],
+    examples: Sequence[PromptExample],
+    tokenizer,
+    settings: RewardSettings,
+    tool_tags: Sequence[str],
+) -> list[list[RewardBreakdown]]:
+    """For each prompt, the reward breakdown of each of its trajectories.
+
+    A trajectory's response (tool results included) is decoded without special tokens and scored
+    against its example's ground truth with ``hierarchical_reward``; ``tool_tags`` are the tools
+    of the run (the format check knows those tags).
+    """
+    if len(trees) != len(examples):
+        raise ValueError(f"{len(trees)} trees for {len(examples)} examples")
+    return [
+        [
+            hierarchical_reward(
+                tokenizer.decode(tree.trajectory_response_ids(i), skip_special_tokens=True),
+                example.ground_truth,
+                task=example.task,
+                tool_calls=tree.tool_calls(i),
+                settings=settings,
+                tool_tags=tuple(tool_tags),
+            )
+            for i in range(tree.num_trajectories)
+        ]
+        for tree, example in zip(trees, examples)
+    ]
