@@ -34,8 +34,10 @@ from rllib_arpo.core.settings import default_of, from_config
 from rllib_arpo.eval.evaluate import evaluate_env_runner
 from rllib_arpo.learner.packing import pad_rows
 from rllib_arpo.learner.rl_module import CausalLMModule, hf_state_dict
+from rllib_arpo.learner.rllib_compat import thawed
 from rllib_arpo.learner.torch_learner import ARPOTorchLearner
 from rllib_arpo.rollout.env_runner import ARPOEnvRunner
+
 
 class ARPOConfig(AlgorithmConfig):
     """Configuration of ARPO and its family: RLlib's AlgorithmConfig plus the field groups of
@@ -156,9 +158,9 @@ class ARPO(Algorithm):
             "create_local_env_runner": config.num_env_runners == 0,
         }
         for target in (config, self.config):
-            target._is_frozen = False
-            for key, value in fields.items():
-                setattr(target, key, value)
+            with thawed(target):
+                for key, value in fields.items():
+                    setattr(target, key, value)
         super().setup(config)
         self.weights_version = 0
 
@@ -253,9 +255,7 @@ class ARPO(Algorithm):
             self.env_runner.set_state(state)
             return
         state["weights"] = ray.put(state["weights"])
-        self.env_runner_group.foreach_env_runner(
-            lambda runner: runner.set_state(state), local_env_runner=False
-        )
+        self.env_runner_group.foreach_env_runner(lambda runner: runner.set_state(state), local_env_runner=False)
 
 
 TRAINABLES: dict[str, type[Algorithm]] = {"ARPO": ARPO}

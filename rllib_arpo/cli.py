@@ -44,7 +44,7 @@ def load_experiments(
 ) -> dict[str, dict]:
     """Read and check an experiment file (with ``--stop`` / ``--config`` overrides applied);
     return ``{name: experiment}``."""
-    from rllib_arpo.algorithm import ARPOConfig, TRAINABLES
+    from rllib_arpo.algorithm import TRAINABLES, ARPOConfig
 
     file = Path(path)
     if not file.is_file():
@@ -63,7 +63,9 @@ def load_experiments(
             experiment["config"] = {**(experiment.get("config") or {}), **config_override}
         unknown = set(experiment) - EXPERIMENT_KEYS
         if unknown:
-            raise ConfigError(f"experiment {name!r}: unknown key(s) {sorted(unknown)}; known: {sorted(EXPERIMENT_KEYS)}")
+            raise ConfigError(
+                f"experiment {name!r}: unknown key(s) {sorted(unknown)}; known: {sorted(EXPERIMENT_KEYS)}"
+            )
         run = experiment.get("run")
         if run not in TRAINABLES:
             raise ConfigError(f"experiment {name!r}: unknown run: {run!r}; known: {sorted(TRAINABLES)}")
@@ -77,9 +79,7 @@ def load_experiments(
     return experiments
 
 
-def train_file(
-    path: str, stop: dict | None = None, storage_path: str | None = None, config: dict | None = None
-) -> int:
+def train_file(path: str, stop: dict | None = None, storage_path: str | None = None, config: dict | None = None) -> int:
     import ray
     from ray import tune
 
@@ -130,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     train_sources = train.add_subparsers(dest="source", required=True)
     from_file = train_sources.add_parser("file", help="train from a tuned-example YAML file")
     from_file.add_argument("config_file")
-    from_file.add_argument("--stop", type=json.loads, help='JSON stop criteria, e.g. \'{"training_iteration": 2}\'')
-    from_file.add_argument("--config", type=json.loads, help='JSON config overrides, e.g. \'{"lr": 1e-4}\'')
+    from_file.add_argument("--stop", type=json.loads, help="JSON stop criteria, e.g. '{\"training_iteration\": 2}'")
+    from_file.add_argument("--config", type=json.loads, help="JSON config overrides, e.g. '{\"lr\": 1e-4}'")
     from_file.add_argument("--storage-path", help="where Tune writes results (default ~/ray_results)")
     args = parser.parse_args(argv)
     try:

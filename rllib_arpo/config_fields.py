@@ -39,7 +39,9 @@ class PolicySettings:
     )
     dtype: str = setting("float32", "Weights of the learner and the engines: `float32`, `bfloat16`, `float16`.")
     engine: str = setting("hf", "Generation engine: `hf` (transformers, exact entropy) or `vllm` (prefix caching).")
-    engine_options: dict = setting({}, "Keyword arguments of the engine's constructor (vLLM: `gpu_memory_utilization`, ...).")
+    engine_options: dict = setting(
+        {}, "Keyword arguments of the engine's constructor (vLLM: `gpu_memory_utilization`, ...)."
+    )
 
     def __post_init__(self) -> None:
         ENGINES.get(self.engine)
@@ -66,7 +68,8 @@ class ToolSettings:
     """The tools the policy may call."""
 
     tools: dict = setting(
-        {"search": {"backend": "bm25"}, "python": {}}, "`{name: options}` of the registered tools (`search`, `python`, `browse`)."
+        {"search": {"backend": "bm25"}, "python": {}},
+        "`{name: options}` of the registered tools (`search`, `python`, `browse`).",
     )
     tool_workers: int = setting(8, "Threads running a round's tool calls in parallel.")
     tool_timeout_s: float = setting(30.0, "Wall-clock limit of one tool call; a late call answers with an error text.")
@@ -89,7 +92,9 @@ class HeldOutSettings:
     held_out_temperature: float = setting(0.0, "Sampling temperature of the evaluation (0 = greedy).")
 
     def __post_init__(self) -> None:
-        _at_least({"held_out_interval": (self.held_out_interval, 0), "held_out_temperature": (self.held_out_temperature, 0.0)})
+        _at_least(
+            {"held_out_interval": (self.held_out_interval, 0), "held_out_temperature": (self.held_out_temperature, 0.0)}
+        )
 
 
 @dataclass(frozen=True)
@@ -97,15 +102,20 @@ class LearningSettings:
     """Advantages and the policy loss (RLlib's own `lr`, `grad_clip`, `num_epochs`, `minibatch_size` apply too)."""
 
     advantage_estimator: str = setting(
-        "arpo_soft", "`arpo_soft`, `arpo_hard`, `grpo`, `dr_grpo`, `rloo`/`loop`, `reinforce_pp`, `aepo` (`core.advantages`)."
+        "arpo_soft",
+        "`arpo_soft`, `arpo_hard`, `grpo`, `dr_grpo`, `rloo`/`loop`, `reinforce_pp`, `aepo` (`core.advantages`).",
     )
     entropy_advantage_coef: float = setting(0.2, "[gamma] AEPO's entropy-aware advantage A * (1 + gamma * sg(z_H)).")
     policy_loss: str = setting("ppo_clip", "`ppo_clip`, `sg_clip` (GPPO / AEPO), `cispo` (`core.losses`).")
     clip_eps_low: float = setting(0.2, "Lower clip: ratio >= 1 - eps_low.")
     clip_eps_high: float = setting(0.2, "Upper clip: ratio <= 1 + eps_high (DAPO's clip-higher: 0.28).")
     dual_clip: float | None = setting(None, "Dual-clip constant c > 1 for negative advantages; null: off.")
-    loss_agg_mode: str = setting("token-mean", "`token-mean` (DAPO), `seq-mean-token-mean` (GRPO), `seq-mean-token-sum` (Dr.GRPO).")
-    token_sum_norm: float | None = setting(None, "`seq-mean-token-sum`'s constant divisor (Dr.GRPO: the longest response); null: 1.")
+    loss_agg_mode: str = setting(
+        "token-mean", "`token-mean` (DAPO), `seq-mean-token-mean` (GRPO), `seq-mean-token-sum` (Dr.GRPO)."
+    )
+    token_sum_norm: float | None = setting(
+        None, "`seq-mean-token-sum`'s constant divisor (Dr.GRPO: the longest response); null: 1."
+    )
     kl_coef: float = setting(0.0, "Weight of the KL penalty to the initial policy; 0: no reference model.")
     kl_kind: str = setting("k3", "KL estimator: `k1`, `k2`, `k3`.")
     dynamic_sampling: bool = setting(False, "DAPO: drop prompts whose trajectories all got the same reward.")
@@ -120,7 +130,8 @@ class LearningSettings:
             raise ValueError(f"token_sum_norm applies to seq-mean-token-sum only, not {self.loss_agg_mode!r}")
         if not 0 <= self.clip_eps_low < 1 or not self.clip_eps_high >= 0:
             raise ValueError(
-                f"clip_eps_low must lie in [0, 1) and clip_eps_high be >= 0, got {self.clip_eps_low}, {self.clip_eps_high}"
+                "clip_eps_low must lie in [0, 1) and clip_eps_high be >= 0, "
+                f"got {self.clip_eps_low}, {self.clip_eps_high}"
             )
         if self.dual_clip is not None and not self.dual_clip > 1:
             raise ValueError(f"dual_clip must be > 1 (or null), got {self.dual_clip!r}")

@@ -36,7 +36,6 @@ from dataclasses import dataclass, fields
 import torch
 
 
-
 class AlwaysBranch:
     """Fork at every tool call while the branch budget lasts."""
 
@@ -113,7 +112,9 @@ def run_once(engine, tools, branching, settings, prompts, seed: int) -> RunResul
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-path", default="tiny", help="save_pretrained directory, or 'tiny' (the cached tiny policy)")
+    parser.add_argument(
+        "--model-path", default="tiny", help="save_pretrained directory, or 'tiny' (the cached tiny policy)"
+    )
     parser.add_argument("--prompts", type=int, default=8, help="test-split questions of the TIR task")
     parser.add_argument("--total-rollouts", type=int, default=16, help="M")
     parser.add_argument("--initial-rollouts", type=int, default=8, help="N of the tree run")
@@ -141,6 +142,7 @@ def main() -> None:
     from rllib_arpo.rollout.engine import SamplingParams
     from rllib_arpo.rollout.settings import RolloutSettings
     from rllib_arpo.tools.base import ToolExecutor, build_tools
+
     model_path = resolve_model_path(args.model_path)
     task = TIRTask(seed=0)
     tools = ToolExecutor(
@@ -194,15 +196,18 @@ def print_table(
         f"branching = {args.branching}, early children = {args.early_children}, temperature = {args.temperature}, "
         f"medians of {args.repeats} repeats"
     )
-    header = f"{'engine':6} {'run':4} {'wall s':>8} {'gen s':>8} {'tool s':>7} {'traj':>5} {'branch':>6} " \
-             f"{'rounds':>6} {'tools':>5} " \
-             f"{'gen tok':>8} {'traj tok':>8} {'dropped':>7} {'prefill req':>11} {'prefill done':>12} {'tok/s':>8}"
+    header = (
+        f"{'engine':6} {'run':4} {'wall s':>8} {'gen s':>8} {'tool s':>7} {'traj':>5} {'branch':>6} "
+        f"{'rounds':>6} {'tools':>5} "
+        f"{'gen tok':>8} {'traj tok':>8} {'dropped':>7} {'prefill req':>11} {'prefill done':>12} {'tok/s':>8}"
+    )
     print(header)
     for name, runs in results.items():
         for run, r in runs.items():
             print(
                 f"{name:6} {run:4} {r.wall_s:8.2f} {r.generation_s:8.2f} {r.tool_s:7.2f} {r.trajectories:5d} "
-                f"{r.branches:6d} {r.rounds:6d} {r.tool_calls:5d} {r.generated_tokens:8d} {r.trajectory_tokens:8d} {r.discarded_tokens:7d} {r.prefill_requested:11d} {r.prefill_computed:12d} "
+                f"{r.branches:6d} {r.rounds:6d} {r.tool_calls:5d} {r.generated_tokens:8d} {r.trajectory_tokens:8d} "
+                f"{r.discarded_tokens:7d} {r.prefill_requested:11d} {r.prefill_computed:12d} "
                 f"{r.generated_tokens / r.wall_s:8.1f}"
             )
     print()
@@ -210,7 +215,8 @@ def print_table(
         flat, tree = runs["flat"], runs["tree"]
         ratios = wall_ratios[name]
         print(
-            f"{name}: tree/flat wall {tree.wall_s / flat.wall_s:.2f}x (pairs {min(ratios):.2f}-{max(ratios):.2f}x), generation time "
+            f"{name}: tree/flat wall {tree.wall_s / flat.wall_s:.2f}x (pairs {min(ratios):.2f}-{max(ratios):.2f}x), "
+            "generation time "
             f"{tree.generation_s / flat.generation_s:.2f}x, tool time {tree.tool_s / flat.tool_s:.2f}x, tool calls "
             f"{tree.tool_calls / max(flat.tool_calls, 1):.2f}x, generated tokens "
             f"{tree.generated_tokens / flat.generated_tokens:.2f}x, prefill computed "

@@ -17,7 +17,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="directory to write the model and tokenizer into")
     parser.add_argument("--task-seed", type=int, default=0, help="seed of the TIR task the tokenizer learns from")
-    parser.add_argument("--vocab-size", type=int, default=VOCAB_SIZE, help="BPE vocabulary size (the 12 tag tokens come on top)")
+    parser.add_argument(
+        "--vocab-size", type=int, default=VOCAB_SIZE, help="BPE vocabulary size (the 12 tag tokens come on top)"
+    )
     parser.add_argument("--hidden-size", type=int, default=128, help="must be 64 * --num-heads")
     parser.add_argument("--num-layers", type=int, default=2)
     parser.add_argument("--num-heads", type=int, default=2)
@@ -26,7 +28,9 @@ def main() -> None:
     parser.add_argument("--max-position-embeddings", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0, help="seed of the random initial weights")
     parser.add_argument("--sft-steps", type=int, default=SFT_STEPS, help="warm-start SFT steps (0: no SFT)")
-    parser.add_argument("--copy-drill-steps", type=int, default=COPY_DRILL_STEPS, help="copy-drill steps before the SFT")
+    parser.add_argument(
+        "--copy-drill-steps", type=int, default=COPY_DRILL_STEPS, help="copy-drill steps before the SFT"
+    )
     args = parser.parse_args()
     directory = save_tiny_policy(
         args.out,

@@ -38,6 +38,10 @@ def run_once(config_file: str, seed: int, storage: Path) -> tuple[float, float, 
     return points[0][1]["accuracy"], points[-1][1]["accuracy"], minutes
 
 
+def _row(config: str, seed, before: float, after: float, minutes: float) -> str:
+    return f"| {config} | {seed} | {before:.3f} | {after:.3f} | {100 * (after - before):+.1f} | {minutes:.1f} |"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config_files", nargs="+")
@@ -52,9 +56,9 @@ def main() -> None:
         for seed in args.seeds:
             before, after, minutes = run_once(config_file, seed, storage)
             runs.append((before, after, minutes))
-            print(f"| {Path(config_file).stem} | {seed} | {before:.3f} | {after:.3f} | {100 * (after - before):+.1f} | {minutes:.1f} |", flush=True)
+            print(_row(Path(config_file).stem, seed, before, after, minutes), flush=True)
         before, after, minutes = np.mean(runs, axis=0)
-        print(f"| {Path(config_file).stem} | mean | {before:.3f} | {after:.3f} | {100 * (after - before):+.1f} | {minutes:.1f} |", flush=True)
+        print(_row(Path(config_file).stem, "mean", before, after, minutes), flush=True)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,9 @@ def main() -> None:
         return
     text = README.read_text()
     if not BLOCK.search(text):
-        raise SystemExit(f"{README} has no '<!-- BEGIN CONFIG REFERENCE ... -->' ... '<!-- END CONFIG REFERENCE -->' block")
+        raise SystemExit(
+            f"{README} has no '<!-- BEGIN CONFIG REFERENCE ... -->' ... '<!-- END CONFIG REFERENCE -->' block"
+        )
     README.write_text(BLOCK.sub(lambda m: m.group(1) + config_reference() + m.group(3), text))
     print(f"updated the configuration reference in {README}")
 

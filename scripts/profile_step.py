@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import ray
 import yaml
@@ -26,7 +27,7 @@ def main() -> None:
 
     from rllib_arpo.algorithm import ARPOConfig
 
-    experiment = next(iter(yaml.safe_load(open(args.config)).values()))
+    experiment = next(iter(yaml.safe_load(Path(args.config).read_text()).values()))
     config = ARPOConfig().update_from_dict(experiment.get("config") or {})
     config.num_env_runners = 0
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

@@ -197,9 +197,7 @@ def arpo_hard(trees, rewards, rows, *, eps: float = 1e-6) -> TokenAdvantages:
     out = []
     for tree, r, tree_rows in zip(trees, rewards, rows):
         trajectory_advantage = group_normalized(r, True, eps)
-        segment_advantage = np.array(
-            [trajectory_advantage[m].mean() if m else 0.0 for m in tree.segment_members()]
-        )
+        segment_advantage = np.array([trajectory_advantage[m].mean() if m else 0.0 for m in tree.segment_members()])
         out.extend(segment_advantage[row.segment_ids].astype(np.float32) for row in tree_rows)
     return out
 

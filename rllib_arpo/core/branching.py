@@ -183,8 +183,11 @@ def aepo_global_samples(
     """
     if total_rollouts < 1:
         raise ValueError(f"total_rollouts (M={total_rollouts}) must be >= 1")
-    for name, value in (("root_entropy", root_entropy), ("mean_tool_entropy", mean_tool_entropy),
-                        ("sensitivity", sensitivity)):
+    for name, value in (
+        ("root_entropy", root_entropy),
+        ("mean_tool_entropy", mean_tool_entropy),
+        ("sensitivity", sensitivity),
+    ):
         _check_finite(name, value)
     if sensitivity < 0.0:
         raise ValueError(f"sensitivity (b={sensitivity}) must be >= 0")
@@ -218,9 +221,7 @@ class BranchBudget:
         if self.initial < 1:
             raise ValueError(f"initial_rollouts (N={self.initial}) must be >= 1")
         if self.total < self.initial:
-            raise ValueError(
-                f"total_rollouts (M={self.total}) must be >= initial_rollouts (N={self.initial})"
-            )
+            raise ValueError(f"total_rollouts (M={self.total}) must be >= initial_rollouts (N={self.initial})")
         if self.branch_factor < 1:
             raise ValueError(f"branch_factor (Z={self.branch_factor}) must be >= 1")
 
@@ -264,7 +265,5 @@ class BranchBudget:
         ``num_finished`` may be below ``num_paths`` when the driver dropped paths.
         """
         if not 0 <= num_finished <= self.num_paths:
-            raise ValueError(
-                f"num_finished ({num_finished}) must lie in [0, num_paths={self.num_paths}]"
-            )
+            raise ValueError(f"num_finished ({num_finished}) must lie in [0, num_paths={self.num_paths}]")
         return self.total - num_finished

@@ -19,7 +19,8 @@ Two sources:
 from __future__ import annotations
 
 import math
-from typing import Sequence, TypeVar
+from collections.abc import Sequence
+from typing import TypeVar
 
 import numpy as np
 import torch

@@ -72,9 +72,7 @@ def _clipped_surrogate(
     clipped_ratio = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     if keep_clipped_gradient:
         clipped_ratio = clipped_ratio.detach() * ratio / ratio.detach()
-    clipped = ((advantages > 0) & (ratio > 1.0 + eps_high)) | (
-        (advantages < 0) & (ratio < 1.0 - eps_low)
-    )
+    clipped = ((advantages > 0) & (ratio > 1.0 + eps_high)) | ((advantages < 0) & (ratio < 1.0 - eps_low))
     objective = torch.where(clipped, clipped_ratio * advantages, ratio * advantages)
     if dual_clip is not None:
         if dual_clip <= 1.0:
@@ -104,7 +102,12 @@ def ppo_clip(
     Tokens where the clip (or the dual clip) is active get no gradient.
     """
     return _clipped_surrogate(
-        logprobs, old_logprobs, advantages, eps_low, eps_high, dual_clip,
+        logprobs,
+        old_logprobs,
+        advantages,
+        eps_low,
+        eps_high,
+        dual_clip,
         keep_clipped_gradient=False,
     )
 
@@ -138,7 +141,12 @@ def sg_clip(
     gradient), as in ``ppo_clip``.
     """
     return _clipped_surrogate(
-        logprobs, old_logprobs, advantages, eps_low, eps_high, dual_clip,
+        logprobs,
+        old_logprobs,
+        advantages,
+        eps_low,
+        eps_high,
+        dual_clip,
         keep_clipped_gradient=True,
     )
 
@@ -249,9 +257,7 @@ def aggregate_loss(
     return aggregation.reduce(masked_loss, mask.sum(dim=-1), token_sum_norm)
 
 
-def kl_penalty(
-    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind = "k3"
-) -> torch.Tensor:
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind = "k3") -> torch.Tensor:
     """Per-token estimate of KL(pi_theta || pi_ref) from tokens sampled by pi_theta.
 
     With log rho = log pi_ref - log pi_theta (Schulman, "Approximating KL Divergence", 2020):
@@ -322,9 +328,7 @@ def compute_policy_loss(
         )
     policy_loss = POLICY_LOSSES.get(name)
     old_logprobs, advantages = old_logprobs.detach(), advantages.detach()
-    terms = policy_loss(
-        logprobs, old_logprobs, advantages, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip
-    )
+    terms = policy_loss(logprobs, old_logprobs, advantages, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip)
     per_token_loss = terms.per_token_loss
     if ref_logprobs is not None:
         kl = kl_penalty(logprobs, ref_logprobs.detach(), kl_kind)

@@ -25,9 +25,10 @@ import collections
 import re
 import string
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Literal, Mapping, Sequence
+from typing import Literal
 
 import numpy as np
 from math_verify import parse, verify
@@ -319,10 +320,13 @@ class RewardSettings:
 
     format_penalty: float = setting(-1.0, "R of a response that breaks the TIR format (the reference: -1).")
     correctness: str = setting(
-        "auto", "Correctness S: `auto` (token F1 for QA, math equivalence for math, as the reference), `em`, `f1`, `math`."
+        "auto",
+        "Correctness S: `auto` (token F1 for QA, math equivalence for math, as the reference), `em`, `f1`, `math`.",
     )
     multi_tool_bonus: float = setting(0.1, "[r_M] added when S > 0 and every tool of `multi_tool_set` was called.")
-    multi_tool_set: tuple[str, ...] = setting(("search", "python"), "Tools that must all be used for r_M; empty: no bonus.")
+    multi_tool_set: tuple[str, ...] = setting(
+        ("search", "python"), "Tools that must all be used for r_M; empty: no bonus."
+    )
 
     def __post_init__(self) -> None:
         if self.correctness not in ("auto", "em", "f1", "math"):

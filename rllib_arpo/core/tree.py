@@ -106,9 +106,7 @@ class RolloutTree:
             raise IndexError(f"parent segment {parent} does not exist")
         if parent is not None and parent in self.leaves:
             raise ValueError(f"segment {parent} ends a finished trajectory; it cannot get children")
-        self.segments.append(
-            Segment(list(token_ids), SegmentKind(kind), parent, logprobs, entropies, tool_name)
-        )
+        self.segments.append(Segment(list(token_ids), SegmentKind(kind), parent, logprobs, entropies, tool_name))
         return len(self.segments) - 1
 
     def finish(self, segment: int, reason: str = "eos") -> int:

@@ -15,9 +15,9 @@ config (``ARPOConfig.dataset``):
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -114,7 +114,6 @@ def _existing(path: str) -> Path:
     if not resolved.is_file():
         raise FileNotFoundError(f"dataset file {resolved} does not exist")
     return resolved
-
 
 
 def dataset_documents(spec: Mapping[str, Any]) -> list[str] | None:

@@ -31,8 +31,9 @@ see perfect behaviour.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -349,9 +350,7 @@ def _draw_question(kind: QuestionKind, rng: np.random.Generator, entities: list[
     first, second = (same_kind[i] for i in rng.choice(len(same_kind), size=2, replace=False))
     label = ENTITY_KINDS[entity_kind][int(rng.integers(len(ENTITY_KINDS[entity_kind])))][0]
     larger, smaller = sorted((_fact(first, label), _fact(second, label)), key=lambda fact: -fact.value)
-    question = (
-        f"What is the difference between the {label} of {larger.entity} and the {label} of {smaller.entity}?"
-    )
+    question = f"What is the difference between the {label} of {larger.entity} and the {label} of {smaller.entity}?"
     answer = str(larger.value - smaller.value)
     return TIRExample(question, answer, kind, NEEDED_TOOLS[kind], (larger, smaller), "{0} - {1}")
 

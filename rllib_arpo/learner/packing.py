@@ -7,7 +7,7 @@ is what ``next_token_logprobs`` returns, so shapes are ``[B, L - 1]``.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -9,6 +9,9 @@ its share of the batch's aggregation denominator (trained tokens for ``token-mea
 with trained tokens for the ``seq-mean-*`` modes). The accumulated gradients then go through
 RLlib's own ``postprocess_gradients`` (``grad_clip`` / ``grad_clip_by``, global norm logged as
 ``gradients_default_optimizer_global_norm``) and ``apply_gradients``.
+
+RLlib has no public hook for the micro-batch loop: it replaces ``TorchLearner._uncompiled_update``
+(``rllib_compat.UPDATE_HOOK``). Every RLlib private name goes through ``learner.rllib_compat``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 
 from rllib_arpo.core.losses import compute_policy_loss
+from rllib_arpo.learner.rllib_compat import parameter_gradients, update_result, zero_gradients
 
 
 class ARPOTorchLearner(TorchLearner):
@@ -36,9 +40,7 @@ class ARPOTorchLearner(TorchLearner):
     def configure_optimizers_for_module(self, module_id, config=None) -> None:
         params = self.get_parameters(self.module[module_id])
         optimizer = torch.optim.AdamW(params, weight_decay=config.weight_decay)
-        self.register_optimizer(
-            module_id=module_id, optimizer=optimizer, params=params, lr_or_lr_schedule=config.lr
-        )
+        self.register_optimizer(module_id=module_id, optimizer=optimizer, params=params, lr_or_lr_schedule=config.lr)
 
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out) -> torch.Tensor:
         loss, _ = self._policy_loss(module_id, config, batch, fwd_out)
@@ -76,16 +78,16 @@ class ARPOTorchLearner(TorchLearner):
         tokens = (loss_mask > 0).sum(dim=-1)
         return tokens if agg_mode == "token-mean" else (tokens > 0).long()
 
-    def _uncompiled_update(self, batch: dict, **kwargs):
-        for optim in self._optimizer_parameters:
-            optim.zero_grad(set_to_none=True)
+    def _uncompiled_update(self, batch: dict, **kwargs):  # rllib_compat.UPDATE_HOOK
+        """RLlib's update step (``TorchLearner._update`` dispatches here), with the single
+        forward/backward replaced by ``_accumulate_gradients`` over micro-batches."""
+        zero_gradients(self)
         loss_per_module = {}
         for mid, module_batch in batch.items():
             config = self.config.get_config_for_module(mid)
             loss_per_module[mid] = self._accumulate_gradients(mid, config, module_batch)
-        gradients = {pid: param.grad for pid, param in self._params.items() if param.grad is not None}
-        self.apply_gradients(self.postprocess_gradients(gradients))
-        return {}, loss_per_module, {}
+        self.apply_gradients(self.postprocess_gradients(parameter_gradients(self)))
+        return update_result(loss_per_module)
 
     def _accumulate_gradients(self, mid, config, module_batch: dict[str, Any]) -> torch.Tensor:
         module = self.module[mid]
@@ -94,7 +96,7 @@ class ARPOTorchLearner(TorchLearner):
         total = denominators.sum().clamp_min(1).float()
         micro = config.micro_batch_size or rows
         starts = list(range(0, rows, micro))
-        batch_loss = torch.zeros((), device=self._device)
+        batch_loss = torch.zeros((), device=self.device)
         weighted_metrics: dict[str, float] = {}
         for i, start in enumerate(starts):
             chunk = {k: v[start : start + micro] for k, v in module_batch.items()}

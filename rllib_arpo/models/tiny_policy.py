@@ -175,7 +175,12 @@ def load_or_build_tiny_policy(
             print(f"Building the warm-started tiny policy into {directory} (first use, a few minutes)", flush=True)
         try:
             save_tiny_policy(
-                staging, task_seed=task_seed, vocab_size=vocab_size, sft_steps=sft_steps, progress=progress, **model_kwargs
+                staging,
+                task_seed=task_seed,
+                vocab_size=vocab_size,
+                sft_steps=sft_steps,
+                progress=progress,
+                **model_kwargs,
             )
             staging.rename(directory)  # atomic; replaces ``directory`` only if it is missing or empty
         except OSError:

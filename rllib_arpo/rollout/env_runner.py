@@ -56,7 +56,11 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         cfg = self.config
         self.engine = build_engine(cfg)
         self.tokenizer = self.engine.tokenizer
-        self.tools = ToolExecutor(build_tools(_with_dataset_corpus(cfg.tools, cfg.dataset)), max_workers=cfg.tool_workers, timeout_s=cfg.tool_timeout_s)
+        self.tools = ToolExecutor(
+            build_tools(_with_dataset_corpus(cfg.tools, cfg.dataset)),
+            max_workers=cfg.tool_workers,
+            timeout_s=cfg.tool_timeout_s,
+        )
         settings = from_config(RolloutSettings, cfg)
         self.rollout = TreeRollout(self.engine, self.tools, settings.branching_policy(), settings)
         self.reward_settings = from_config(RewardSettings, cfg)
@@ -150,7 +154,6 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         self.tools.close()
         if hasattr(self.engine, "close"):
             self.engine.close()
-
 
 
 def _with_dataset_corpus(tools: dict, dataset: dict) -> dict:

@@ -27,8 +27,8 @@ the saving. KV caches are not kept between calls.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
@@ -171,9 +171,7 @@ class HFEngine:
 
     # --- prefill -------------------------------------------------------------------------------
 
-    def _prefill(
-        self, prefixes: list[Sequence[int]]
-    ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _prefill(self, prefixes: list[Sequence[int]]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Encode the prefixes, sharing common spans; one output row per prefix.
 
         Returns the KV cache, the attention mask over its columns ``[B, C]``, the position id of

@@ -28,7 +28,9 @@ class RolloutSettings:
     initial_rollouts: int = setting(8, "[N] trajectories sampled from the prompt before any branching, 1 <= N <= M.")
     branch_factor: int = setting(2, "[Z] paths leaving a branch point: the path and Z - 1 new children.")
     entropy_window: int = setting(20, "[k] tokens after a tool result whose mean normalised entropy is H_t.")
-    branching: str = setting("arpo", "Branching rule: `arpo`, or `aepo` (ARPO's rule with the consecutive-branch penalty).")
+    branching: str = setting(
+        "arpo", "Branching rule: `arpo`, or `aepo` (ARPO's rule with the consecutive-branch penalty)."
+    )
     branching_mode: str = setting(
         "stochastic",
         "`threshold`: branch when alpha + beta * dH > tau (the paper); `stochastic`: with probability "
@@ -40,7 +42,9 @@ class RolloutSettings:
     aepo_pre_monitoring: bool = setting(
         False, "AEPO: a probe trajectory per prompt sets the number m of global samples from its entropies."
     )
-    aepo_sensitivity: float = setting(1.0, "[b] AEPO pre-monitoring: m = floor(M * sigmoid(b * (H_root - mean H_tool))) + 1.")
+    aepo_sensitivity: float = setting(
+        1.0, "[b] AEPO pre-monitoring: m = floor(M * sigmoid(b * (H_root - mean H_tool))) + 1."
+    )
     aepo_branch_penalty: float = setting(
         0.05, "AEPO (branching: aepo): branch score times max(0, 1 - penalty * l), l = consecutive branchings."
     )
@@ -72,7 +76,9 @@ class RolloutSettings:
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
         if self.early_children is not None and not isinstance(self.early_children, bool):
-            raise ValueError(f"early_children must be true, false or null (the engine's preference), got {self.early_children!r}")
+            raise ValueError(
+                f"early_children must be true, false or null (the engine's preference), got {self.early_children!r}"
+            )
 
     def branching_policy(self) -> BranchingPolicy:
         """The configured rule: ARPO's (alpha, beta, tau, mode), wrapped in AEPO's

@@ -25,8 +25,8 @@ the prefix cache, which holds KV computed with the old weights, is cleared.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch

@@ -31,7 +31,6 @@ import urllib.request
 from collections.abc import Callable
 from html.parser import HTMLParser
 
-
 from rllib_arpo.tools.base import TOOLS
 from rllib_arpo.tools.search import network_error_reason
 

@@ -278,9 +278,7 @@ def _probe_namespaces() -> bool:
     return not refusal
 
 
-def _read_bounded(
-    process: subprocess.Popen, limit_bytes: int, deadline: float
-) -> tuple[bytearray, bytearray, bool]:
+def _read_bounded(process: subprocess.Popen, limit_bytes: int, deadline: float) -> tuple[bytearray, bytearray, bool]:
     """Reads stdout and stderr until both close, or the child has exited and they are idle, or
     ``deadline`` passes.
 
@@ -314,8 +312,6 @@ def _read_bounded(
 
 def _kill_process_group(process: subprocess.Popen) -> None:
     """Kills the child's process group (the child and everything it started) and reaps the child."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     process.wait()

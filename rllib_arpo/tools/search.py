@@ -33,15 +33,15 @@ Backends (``SEARCH_BACKENDS``), each built once per tool instance:
 
 from __future__ import annotations
 
-import http.client
 import hashlib
+import http.client
 import json
-import shutil
-import tempfile
 import logging
 import os
 import re
+import shutil
 import socket
+import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -49,7 +49,6 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
-
 
 from rllib_arpo.core.registry import Registry
 from rllib_arpo.tools.base import TOOLS
@@ -67,9 +66,7 @@ class SearchBackend(Protocol):
     def __call__(self, query: str, top_k: int) -> list[str]: ...
 
 
-def format_results(
-    snippets: Sequence[str], max_chars_per_result: int, max_total_chars: int | None = None
-) -> str:
+def format_results(snippets: Sequence[str], max_chars_per_result: int, max_total_chars: int | None = None) -> str:
     """``"Page 1: ...\\nPage 2: ..."``, each snippet cut to ``max_chars_per_result`` characters and
     the whole text to ``max_total_chars`` (None: no total budget); a cut text ends with ``...``."""
     if not snippets:
@@ -145,9 +142,7 @@ class BM25Backend:
 
     def __call__(self, query: str, top_k: int) -> list[str]:
         query_tokens = _bm25s().tokenize([query], stopwords="en", show_progress=False)
-        indices, scores = self._retriever.retrieve(
-            query_tokens, k=min(top_k, len(self.documents)), show_progress=False
-        )
+        indices, scores = self._retriever.retrieve(query_tokens, k=min(top_k, len(self.documents)), show_progress=False)
         return [self.documents[index] for index, score in zip(indices[0], scores[0]) if score > 0]
 
 

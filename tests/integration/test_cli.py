@@ -57,7 +57,10 @@ def test_unknown_run_and_config_keys_are_reported(tmp_path):
 
 
 def test_stop_and_config_overrides_and_grid_search_are_read(tmp_path):
-    path = write(tmp_path, "x:\n  run: ARPO\n  stop: {training_iteration: 50}\n  config: {tau: {grid_search: [0.3, 0.5]}, lr: 0.1}\n")
+    path = write(
+        tmp_path,
+        "x:\n  run: ARPO\n  stop: {training_iteration: 50}\n  config: {tau: {grid_search: [0.3, 0.5]}, lr: 0.1}\n",
+    )
     experiments = load_experiments(path, stop_override={"training_iteration": 2}, config_override={"lr": 0.5})
     assert experiments["x"]["stop"] == {"training_iteration": 2}
     assert experiments["x"]["config"] == {"tau": {"grid_search": [0.3, 0.5]}, "lr": 0.5}

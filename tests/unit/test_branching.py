@@ -17,6 +17,7 @@ def arpo(alpha=0.5, beta=0.2, tau=0.5, mode="threshold") -> ARPOBranchingPolicy:
     """ARPO's rule with the reference scripts' alpha, beta and tau, in threshold mode unless told."""
     return ARPOBranchingPolicy(alpha=alpha, beta=beta, tau=tau, mode=mode)
 
+
 # ----------------------------------------------------------------------------- ARPO, threshold
 
 

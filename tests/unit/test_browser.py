@@ -21,9 +21,7 @@ ARTICLE = b"""<!DOCTYPE html><html><head><title>Fish &amp; chips</title>
 <p>Second   paragraph
 spanning lines.<br>After a break.</p></body></html>"""
 
-ARTICLE_TEXT = (
-    "Fish & chips\nFish & Chips\nPrice: 5 \u20ac <cheap>\nSecond paragraph spanning lines.\nAfter a break."
-)
+ARTICLE_TEXT = "Fish & chips\nFish & Chips\nPrice: 5 \u20ac <cheap>\nSecond paragraph spanning lines.\nAfter a break."
 
 FILLER = "".join(f"<p>Filler sentence number {i:02d}.</p>" for i in range(20))  # 20 lines of 26 chars
 LONG_PAGE = (
@@ -149,9 +147,7 @@ def test_non_text_content_is_rejected(base_url: str) -> None:
     assert BrowserTool()(f"{base_url}/image") == f"Error: {base_url}/image is not a text page (image/png)"
 
 
-@pytest.mark.parametrize(
-    "url", ["ftp://127.0.0.1/file", "file:///etc/passwd", "javascript:alert(1)", "127.0.0.1/x"]
-)
+@pytest.mark.parametrize("url", ["ftp://127.0.0.1/file", "file:///etc/passwd", "javascript:alert(1)", "127.0.0.1/x"])
 def test_only_http_urls_are_fetched(url: str) -> None:
     assert BrowserTool()(url) == f"Error: only http and https URLs can be browsed, got {url!r}"
 

@@ -35,8 +35,13 @@ ROWS = [
 def model_dir(tmp_path_factory) -> str:
     tokenizer = build_tokenizer(["Where is the tower? <search>tower</search> <answer>Paris</answer>"], vocab_size=300)
     model = build_tiny_policy(
-        tokenizer, hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1,
-        intermediate_size=64, max_position_embeddings=64,
+        tokenizer,
+        hidden_size=64,
+        num_layers=1,
+        num_heads=1,
+        num_kv_heads=1,
+        intermediate_size=64,
+        max_position_embeddings=64,
     )
     directory = tmp_path_factory.mktemp("tiny_policy")
     model.save_pretrained(directory)

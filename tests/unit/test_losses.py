@@ -109,9 +109,7 @@ def test_sg_clip_matches_ppo_value_but_keeps_clipped_gradient():
     results = {}
     for name in ("ppo_clip", "sg_clip"):
         logprobs, old = logprobs_for_ratios([[1.5, 0.5, 1.0]])
-        loss, metrics = compute_policy_loss(
-            name, logprobs, old, advantages, mask, eps_low=0.2, eps_high=0.2
-        )
+        loss, metrics = compute_policy_loss(name, logprobs, old, advantages, mask, eps_low=0.2, eps_high=0.2)
         loss.backward()
         results[name] = (loss.item(), logprobs.grad, metrics["clip_fraction"])
     # value: (-(1.2 * 2) - (0.8 * -2) - (1.0 * 2)) / 3 = (-2.4 + 1.6 - 2) / 3
@@ -164,8 +162,14 @@ def test_compute_policy_loss_adds_kl_and_reports_metrics():
     logprobs, old = logprobs_for_ratios([[1.0, 2.0]])
     ref = torch.tensor([[math.log(2), 0.0]], dtype=torch.float64)
     loss, metrics = compute_policy_loss(
-        "ppo_clip", logprobs, old, torch.ones(1, 2), torch.ones(1, 2),
-        ref_logprobs=ref, kl_coef=0.1, kl_kind="k1",
+        "ppo_clip",
+        logprobs,
+        old,
+        torch.ones(1, 2),
+        torch.ones(1, 2),
+        ref_logprobs=ref,
+        kl_coef=0.1,
+        kl_kind="k1",
     )
     ln2 = math.log(2)
     # ((-1 + 0.1 * -ln 2) + (-1.2 + 0.1 * ln 2)) / 2 = -1.1

@@ -6,7 +6,10 @@ from rllib_arpo.eval.report import evaluation_table, evaluations, write_report
 def results():
     rows = []
     for iteration in (1, 2, 3):
-        row = {"training_iteration": iteration, "env_runners": {"accuracy": 0.1 * iteration, "reward_mean": -1 + 0.2 * iteration}}
+        row = {
+            "training_iteration": iteration,
+            "env_runners": {"accuracy": 0.1 * iteration, "reward_mean": -1 + 0.2 * iteration},
+        }
         if iteration in (1, 3):  # evaluated before the first update and after the third
             row["evaluation"] = {"accuracy": 0.25 if iteration == 1 else 0.5, "format_error_rate": 0.5,
                                  "reward_mean": -0.2, "after_iteration": 0 if iteration == 1 else 3}  # fmt: skip

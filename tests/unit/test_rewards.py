@@ -1,7 +1,7 @@
 """Answer extraction, QA/math scoring, TIR format check and ARPO's hierarchical reward."""
 
-import os
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -10,11 +10,11 @@ import pytest
 
 from rllib_arpo.core import rewards
 from rllib_arpo.core.rewards import (
+    RewardSettings,
+    accuracy,
     exact_match,
     extract_answer,
     extract_gsm8k_reference,
-    RewardSettings,
-    accuracy,
     hierarchical_reward,
     math_equal,
     normalize_answer,
@@ -171,6 +171,7 @@ def test_math_equal_never_raises(monkeypatch):
 
 def test_math_equal_outside_the_main_thread():
     results = []
+
     def compare() -> None:
         results.append(math_equal(r"3\sqrt{3} - 6", r"-6 + 3\sqrt{3}"))
 
@@ -195,10 +196,7 @@ def test_validate_format_accepts_a_tir_transcript():
 
 
 def test_tool_results_are_opaque_to_the_format_check():
-    response = (
-        "<search>q</search> <result>a page with <answer>fake</answer> and </think></result>"
-        "<answer>4</answer>"
-    )
+    response = "<search>q</search> <result>a page with <answer>fake</answer> and </think></result><answer>4</answer>"
     assert validate_format(response).ok
 
 
@@ -258,7 +256,9 @@ def test_format_failure_gets_the_penalty():
     assert (out.reward, out.format_ok, out.bonus) == (-1.0, False, 0.0)
     assert out.format_reason == "text after the final </answer> at offset 44"
     assert out.correctness == 1.0 and out.answer == "Frank Lowy"  # reported, not rewarded
-    custom = hierarchical_reward(response, "Frank Lowy", tool_calls=BOTH_TOOLS, settings=RewardSettings(format_penalty=-0.5))
+    custom = hierarchical_reward(
+        response, "Frank Lowy", tool_calls=BOTH_TOOLS, settings=RewardSettings(format_penalty=-0.5)
+    )
     assert custom.reward == -0.5
 
 
@@ -273,7 +273,9 @@ def test_correct_answer_with_and_without_the_multi_tool_bonus():
         response, "Frank Lowy", tool_calls=BOTH_TOOLS, settings=RewardSettings(multi_tool_bonus=0.5)
     )
     assert bigger.reward == pytest.approx(1.5)
-    disabled = hierarchical_reward(response, "Frank Lowy", tool_calls=BOTH_TOOLS, settings=RewardSettings(multi_tool_set=()))
+    disabled = hierarchical_reward(
+        response, "Frank Lowy", tool_calls=BOTH_TOOLS, settings=RewardSettings(multi_tool_set=())
+    )
     assert disabled.reward == 1.0
 
 
@@ -298,9 +300,7 @@ def test_math_task_uses_symbolic_equivalence():
     out = hierarchical_reward(response, r"3\sqrt{3} - 6", task="math", tool_calls=SEARCH_ONLY)
     assert out.answer == r"-6 + 3\sqrt{3}"
     assert (out.correctness, out.reward) == (1.0, 1.0)
-    wrong = hierarchical_reward(
-        tir(r"\boxed{3\sqrt{3}}"), r"3\sqrt{3} - 6", task="math", tool_calls=BOTH_TOOLS
-    )
+    wrong = hierarchical_reward(tir(r"\boxed{3\sqrt{3}}"), r"3\sqrt{3} - 6", task="math", tool_calls=BOTH_TOOLS)
     assert wrong.reward == 0.0
     # "f1" on the same LaTeX: tokens [6, 3sqrt3] vs [3sqrt3, 6] after normalisation all overlap
     as_f1 = hierarchical_reward(

@@ -156,9 +156,7 @@ def test_5xx_and_429_are_retried_until_success(server: SearchServer, path: str, 
     assert elapsed < 1.0
 
 
-def test_always_500_gives_up_after_max_attempts(
-    server: SearchServer, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_always_500_gives_up_after_max_attempts(server: SearchServer, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
         answer = http_tool(f"{server.base_url}/broken", max_attempts=3)("q")
     assert answer == "Error: search service returned HTTP 500"

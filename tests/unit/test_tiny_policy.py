@@ -52,7 +52,9 @@ def check_tokenizer(tokenizer) -> None:
 
 def test_tokenizer_round_trip_tags_and_eos(tokenizer):
     assert set(TAG_TOKENS) == {
-        f"<{slash}{name}>" for name in ("think", "search", "python", "browse", "result", "answer") for slash in ("", "/")
+        f"<{slash}{name}>"
+        for name in ("think", "search", "python", "browse", "result", "answer")
+        for slash in ("", "/")
     }
     check_tokenizer(tokenizer)
     assert len(tokenizer) == 400 + 12  # the BPE fills vocab_size (256 bytes + <|endoftext|> + 143 merges)

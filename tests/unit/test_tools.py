@@ -337,7 +337,11 @@ def test_cache_miss_falls_back_to_bm25_over_the_cached_snippets(cache_tool, sear
 def test_bm25_index_is_cached_on_disk_and_reused(tmp_path, monkeypatch):
     import bm25s
 
-    documents = ["Zorvath is a city. The population of Zorvath is 48213.", "Quelmir is a river.", "Brask is a mountain."]
+    documents = [
+        "Zorvath is a city. The population of Zorvath is 48213.",
+        "Quelmir is a river.",
+        "Brask is a mountain.",
+    ]
     first = SearchTool(documents=documents, top_k=1, index_cache_dir=tmp_path)
     [index_dir] = [p for p in tmp_path.iterdir() if p.name.startswith("bm25-")]
     built = sorted(p.name for p in index_dir.iterdir())

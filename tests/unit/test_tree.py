@@ -6,8 +6,8 @@ from rllib_arpo.core.tree import RolloutTree, SegmentKind
 
 def small_tree() -> RolloutTree:
     """prompt -> m0 [10, 11] -> search result [20] -> m2 [30]      (trajectory 0)
-                                                    -> m3 [31, 32]  (trajectory 1)
-       prompt -> m4 [40]                                            (trajectory 2)"""
+                                                 -> m3 [31, 32]  (trajectory 1)
+    prompt -> m4 [40]                                            (trajectory 2)"""
     tree = RolloutTree(prompt_ids=[1, 2])
     m0 = tree.add_segment(None, [10, 11], "model", logprobs=[-0.1, -0.2], entropies=[0.5, 0.4])
     t1 = tree.add_segment(m0, [20], "tool", tool_name="search")

@@ -124,7 +124,12 @@ def children(tree: RolloutTree, parent: int | None) -> list[int]:
 @pytest.mark.parametrize("early_children", [False, True])
 def test_always_branch_forks_from_the_tool_segment_within_budget(tools, early_children):
     engine, policy, runner = rollout(
-        SEARCH_THEN_ANSWER, tools, branch=True, initial_rollouts=2, total_rollouts=4, branch_factor=2,
+        SEARCH_THEN_ANSWER,
+        tools,
+        branch=True,
+        initial_rollouts=2,
+        total_rollouts=4,
+        branch_factor=2,
         early_children=early_children,
     )
     prompt = TOKENIZER.encode("Q?")
@@ -223,7 +228,12 @@ def test_early_children_declined_fork_drops_its_child_and_a_later_fork_starts_a_
 @pytest.mark.parametrize("early_children", [False, True])
 def test_never_branch_tops_up_with_fresh_trajectories_from_the_prompt(tools, early_children):
     _, policy, runner = rollout(
-        SEARCH_THEN_ANSWER, tools, branch=False, initial_rollouts=2, total_rollouts=4, branch_factor=2,
+        SEARCH_THEN_ANSWER,
+        tools,
+        branch=False,
+        initial_rollouts=2,
+        total_rollouts=4,
+        branch_factor=2,
         early_children=early_children,
     )
     trees, stats = runner.run([TOKENIZER.encode("Q1"), TOKENIZER.encode("Q2")], seed=0)
@@ -263,16 +273,18 @@ def test_tool_calls_stop_at_max_tool_calls(tools):
 def test_response_budget_truncates_with_length(tools):
     long_answer = [Turn(SEARCH_CALL, 0.25), Turn("x" * 20, 0.5, "eos")]
     # budget 48: 18 (call) + 21 (result) = 39 used, so the answer is cut to 48 - 39 = 9 tokens
-    engine, _, runner = rollout(long_answer, tools, branch=False, initial_rollouts=1, total_rollouts=1,
-                                max_response_tokens=48)
+    engine, _, runner = rollout(
+        long_answer, tools, branch=False, initial_rollouts=1, total_rollouts=1, max_response_tokens=48
+    )
     (tree,), stats = runner.run([TOKENIZER.encode("Q")], seed=0)
     assert tree.finish_reasons == ["length"]
     assert engine.calls[1][1].max_new_tokens == 9
     assert tree.trajectory_response_ids(0) == TOKENIZER.encode(SEARCH_CALL + TOOL_RESULT + "x" * 9)
 
     # budget 30: the call fits (18) but its result would not (18 + 21 = 39 >= 30)
-    _, _, runner = rollout(long_answer, tools, branch=False, initial_rollouts=1, total_rollouts=1,
-                           max_response_tokens=30)
+    _, _, runner = rollout(
+        long_answer, tools, branch=False, initial_rollouts=1, total_rollouts=1, max_response_tokens=30
+    )
     (tree,), stats = runner.run([TOKENIZER.encode("Q")], seed=0)
     assert tree.finish_reasons == ["length"]
     assert [s.kind for s in tree.segments] == [SegmentKind.MODEL]  # no tool segment appended
@@ -306,8 +318,14 @@ def test_aepo_pre_monitoring_probes_then_samples_m_minus_one_more(tools):
     m = math.floor(4 / (1 + math.exp(0.5))) + 1
     assert m == 2
     engine, policy, runner = rollout(
-        SEARCH_THEN_ANSWER, tools, branch=True, total_rollouts=4, initial_rollouts=1, branch_factor=2,
-        aepo_pre_monitoring=True, aepo_sensitivity=1.0,
+        SEARCH_THEN_ANSWER,
+        tools,
+        branch=True,
+        total_rollouts=4,
+        initial_rollouts=1,
+        branch_factor=2,
+        aepo_pre_monitoring=True,
+        aepo_sensitivity=1.0,
     )
     prompt = TOKENIZER.encode("Q")
     (tree,), stats = runner.run([prompt], seed=0)

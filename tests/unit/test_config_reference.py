@@ -1,0 +1,21 @@
+import re
+from pathlib import Path
+
+from rllib_arpo.config_fields import config_reference
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_readme_holds_the_generated_configuration_reference():
+    block = re.search(
+        r"<!-- BEGIN CONFIG REFERENCE[^>]*-->\n(.*?)<!-- END CONFIG REFERENCE -->", README.read_text(), re.DOTALL
+    )
+    assert block is not None, "README.md lost its configuration reference markers"
+    assert block.group(1) == config_reference(), "README is stale: run python scripts/config_reference.py --write"
+
+
+def test_the_reference_lists_every_rollout_field_with_its_default_and_doc():
+    reference = config_reference()
+    assert "| `total_rollouts` | `16` | [M] trajectories per prompt. |" in reference
+    assert '| `branching_mode` | `"stochastic"` |' in reference
+    assert '| `multi_tool_set` | `["search", "python"]` |' in reference
