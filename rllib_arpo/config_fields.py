@@ -58,6 +58,9 @@ class DataSettings:
         "Training prompts: `{type: tir_task | parquet | jsonl, ...}` (see `data.datasets`).",
     )
     prompts_per_env_runner: int = setting(4, "Prompts each EnvRunner rolls out per iteration.")
+    max_prompt_tokens: int | None = setting(
+        None, "Longer prompts are skipped and counted (`prompts_skipped_too_long`) and others drawn; None: no limit."
+    )
 
     def __post_init__(self) -> None:
         _at_least({"prompts_per_env_runner": (self.prompts_per_env_runner, 1)})
