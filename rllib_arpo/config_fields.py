@@ -58,6 +58,9 @@ class DataSettings:
         "Training prompts: `{type: tir_task | parquet | jsonl, ...}` (see `data.datasets`).",
     )
     prompts_per_env_runner: int = setting(4, "Prompts each EnvRunner rolls out per iteration.")
+    max_prompt_tokens: int | None = setting(
+        None, "Longer prompts are skipped and counted (`prompts_skipped_too_long`) and others drawn; None: no limit."
+    )
 
     def __post_init__(self) -> None:
         _at_least({"prompts_per_env_runner": (self.prompts_per_env_runner, 1)})
@@ -120,6 +123,9 @@ class LearningSettings:
     kl_kind: str = setting("k3", "KL estimator: `k1`, `k2`, `k3`.")
     dynamic_sampling: bool = setting(False, "DAPO: drop prompts whose trajectories all got the same reward.")
     micro_batch_size: int = setting(8, "Rows per forward/backward pass; gradients accumulate over the batch.")
+    max_consecutive_nonfinite_steps: int = setting(
+        3, "Updates whose loss or gradients are NaN/inf are skipped and counted; this many in a row stop the run."
+    )
     weight_decay: float = setting(0.0, "AdamW weight decay.")
 
     def __post_init__(self) -> None:
@@ -137,7 +143,13 @@ class LearningSettings:
             raise ValueError(f"dual_clip must be > 1 (or null), got {self.dual_clip!r}")
         if self.kl_kind not in KL_ESTIMATORS:
             raise ValueError(f"kl_kind must be one of {list(KL_ESTIMATORS)}, got {self.kl_kind!r}")
-        _at_least({"micro_batch_size": (self.micro_batch_size, 1), "kl_coef": (self.kl_coef, 0.0)})
+        _at_least(
+            {
+                "micro_batch_size": (self.micro_batch_size, 1),
+                "kl_coef": (self.kl_coef, 0.0),
+                "max_consecutive_nonfinite_steps": (self.max_consecutive_nonfinite_steps, 1),
+            }
+        )
 
 
 CONFIG_GROUPS: dict[str, type] = {

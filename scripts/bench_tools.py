@@ -44,8 +44,8 @@ def main() -> None:
     task = TIRTask(seed=0)
     fact_queries = [fact.query for example in task.split("train") for fact in example.facts]
     benchmarks = {
-        f"python ({'namespaces' if namespaces_available() else 'plain subprocess'})": (
-            PythonTool(),
+        f"python ({'bubblewrap' if namespaces_available() else 'plain subprocess'})": (
+            PythonTool(sandbox="best_effort"),
             itertools.cycle(["print(1+1)"]),
         ),
         "search (bm25)": (SearchTool(documents=task.corpus()), itertools.cycle(fact_queries)),

@@ -10,11 +10,15 @@ config (``ARPOConfig.dataset``):
   byte for byte, including the reference data's mangled ``\\boxed``;
 - ``{"type": "jsonl", "path": ".../gsm8k.jsonl", "task": "math"}``: ``question`` / ``answer``
   lines (GSM8K's ``#### N`` answers are reduced to N), asked with ``system_prompt``.
+
+A row without a field it needs raises ``BadRow`` naming the file, the row and the field;
+``skip_bad_rows: true`` (parquet and jsonl) skips such rows instead and logs how many.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +28,8 @@ import numpy as np
 
 from rllib_arpo.core.registry import Registry
 from rllib_arpo.core.rewards import extract_gsm8k_reference
+
+logger = logging.getLogger(__name__)
 
 TIR_SYSTEM_PROMPT = (
     "Answer the question step by step. Think inside <think> </think>. To look facts up, write a "
@@ -69,44 +75,90 @@ def _load_tir_task(seed: int = 0, split: str = "train", **task_kwargs) -> list[P
     return [PromptExample(format_prompt(e), e.answer, "math", f"tir_task/{e.kind}") for e in task.split(split)]
 
 
+class BadRow(ValueError):
+    """A dataset row without a field it needs; the message names the file, the row and the field."""
+
+
+def _keep_rows(path: str, rows, make: Callable[[Any], PromptExample], skip_bad_rows: bool, limit: int | None):
+    """``make(row)`` for each (row number, row) of ``rows`` until ``limit`` examples. A ``BadRow``
+    raises with ``path:row:`` in front, or with ``skip_bad_rows`` is skipped, counted and logged."""
+    examples, skipped = [], []
+    for number, row in rows:
+        try:
+            examples.append(make(row))
+        except BadRow as error:
+            if not skip_bad_rows:
+                raise BadRow(f"{path}: row {number}: {error} (skip_bad_rows: true skips such rows)") from None
+            skipped.append(f"row {number}: {error}")
+        if limit and len(examples) >= limit:
+            break
+    if skipped:
+        logger.warning("%s: skipped %d bad rows (%s)", path, len(skipped), "; ".join(skipped[:5]))
+    return examples
+
+
+def _field(record: Mapping[str, Any], name: str) -> Any:
+    """``record[name]``; ``BadRow`` naming the field when it is missing, None or NaN."""
+    value = record.get(name) if isinstance(record, Mapping) else None
+    if value is None or (isinstance(value, float) and value != value):
+        raise BadRow(f"missing field {name!r}")
+    return value
+
+
 @DATASET_LOADERS.register("parquet")
-def _load_parquet(path: str, limit: int | None = None) -> list[PromptExample]:
+def _load_parquet(path: str, limit: int | None = None, skip_bad_rows: bool = False) -> list[PromptExample]:
     import pandas as pd
 
     frame = pd.read_parquet(_existing(path))
     missing = {"prompt", "reward_model"} - set(frame.columns)
     if missing:
         raise ValueError(f"{path} is not a verl RL parquet file: missing columns {sorted(missing)}")
-    examples = []
-    for row in frame.head(limit).itertuples() if limit else frame.itertuples():
-        messages = tuple({"role": m["role"], "content": m["content"]} for m in row.prompt)
-        task = "math" if getattr(row, "ability", "qa") == "math" else "qa"
-        source = getattr(row, "data_source", Path(path).stem)
-        examples.append(PromptExample(messages, str(row.reward_model["ground_truth"]), task, source))
-    return examples
+
+    def make(row: Mapping[str, Any]) -> PromptExample:
+        prompt = _field(row, "prompt")
+        if len(prompt) == 0:
+            raise BadRow("missing field 'prompt' (no messages)")
+        messages = []
+        for i, message in enumerate(prompt):
+            if not isinstance(message, Mapping) or not all(message.get(key) is not None for key in ("role", "content")):
+                raise BadRow(f"missing field 'prompt[{i}].role' or 'prompt[{i}].content'")
+            messages.append({"role": message["role"], "content": message["content"]})
+        truth = _field(_field(row, "reward_model"), "ground_truth")
+        task = "math" if row.get("ability", "qa") == "math" else "qa"
+        return PromptExample(tuple(messages), str(truth), task, row.get("data_source") or Path(path).stem)
+
+    rows = enumerate(frame.to_dict("records"))  # row numbers from 0, as pandas counts them
+    return _keep_rows(path, rows, make, skip_bad_rows, limit)
 
 
 @DATASET_LOADERS.register("jsonl")
 def _load_jsonl(
-    path: str, task: str = "qa", system_prompt: str = TIR_SYSTEM_PROMPT, limit: int | None = None
+    path: str,
+    task: str = "qa",
+    system_prompt: str = TIR_SYSTEM_PROMPT,
+    limit: int | None = None,
+    skip_bad_rows: bool = False,
 ) -> list[PromptExample]:
-    examples = []
-    with open(_existing(path), encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
+    def make(line: str) -> PromptExample:
+        try:
             record = json.loads(line)
-            if "question" not in record or "answer" not in record:
-                raise ValueError(f"{path}:{number}: a line needs 'question' and 'answer'")
-            answer = record["answer"]
-            if isinstance(answer, str) and "####" in answer:
+        except json.JSONDecodeError as error:
+            raise BadRow(f"not a JSON object ({error})") from None
+        if not isinstance(record, dict):
+            raise BadRow("not a JSON object")
+        question, answer = _field(record, "question"), _field(record, "answer")
+        if isinstance(answer, str) and "####" in answer:
+            try:
                 answer = extract_gsm8k_reference(answer)
-            truth = tuple(str(a) for a in answer) if isinstance(answer, list) else str(answer)
-            messages = ({"role": "system", "content": system_prompt}, {"role": "user", "content": record["question"]})
-            examples.append(PromptExample(messages, truth, task, Path(path).stem))
-            if limit and len(examples) >= limit:
-                break
-    return examples
+            except ValueError:
+                raise BadRow("field 'answer' has an empty '####' line") from None
+        truth = tuple(str(a) for a in answer) if isinstance(answer, list) else str(answer)
+        messages = ({"role": "system", "content": system_prompt}, {"role": "user", "content": str(question)})
+        return PromptExample(messages, truth, task, Path(path).stem)
+
+    with open(_existing(path), encoding="utf-8", errors="replace") as lines:
+        rows = ((number, line) for number, line in enumerate(lines, 1) if line.strip())  # line numbers from 1
+        return _keep_rows(path, rows, make, skip_bad_rows, limit)
 
 
 def _existing(path: str) -> Path:

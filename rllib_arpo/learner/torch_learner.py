@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 from typing import Any
 
 import torch
@@ -25,6 +26,8 @@ from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 
 from rllib_arpo.core.losses import compute_policy_loss
 from rllib_arpo.learner.rllib_compat import parameter_gradients, update_result, zero_gradients
+
+logger = logging.getLogger(__name__)
 
 
 class ARPOTorchLearner(TorchLearner):
@@ -86,8 +89,28 @@ class ARPOTorchLearner(TorchLearner):
         for mid, module_batch in batch.items():
             config = self.config.get_config_for_module(mid)
             loss_per_module[mid] = self._accumulate_gradients(mid, config, module_batch)
-        self.apply_gradients(self.postprocess_gradients(parameter_gradients(self)))
+        gradients = parameter_gradients(self)
+        if self._finite(loss_per_module, gradients):
+            self.apply_gradients(self.postprocess_gradients(gradients))
         return update_result(loss_per_module)
+
+    def _finite(self, loss_per_module: dict, gradients: dict) -> bool:
+        """False (and the step skipped, counted as ``nonfinite_steps_skipped``) when a loss or a
+        gradient is NaN or inf; raises after ``max_consecutive_nonfinite_steps`` such steps in a row."""
+        values = [*loss_per_module.values(), *(g for g in gradients.values() if g is not None)]
+        finite = all(bool(torch.isfinite(value).all()) for value in values)
+        self._nonfinite_in_a_row = 0 if finite else getattr(self, "_nonfinite_in_a_row", 0) + 1
+        self.metrics.log_value("nonfinite_steps_skipped", int(not finite), reduce="sum")
+        if not finite:
+            limit = self.config.max_consecutive_nonfinite_steps
+            if self._nonfinite_in_a_row >= limit:
+                raise FloatingPointError(
+                    f"{self._nonfinite_in_a_row} updates in a row had a NaN or inf loss or gradient "
+                    f"(max_consecutive_nonfinite_steps: {limit}); lower lr, check the rewards and advantages"
+                )
+            logger.warning("update skipped: a NaN or inf loss or gradient (%d in a row)", self._nonfinite_in_a_row)
+            zero_gradients(self)
+        return finite
 
     def _accumulate_gradients(self, mid, config, module_batch: dict[str, Any]) -> torch.Tensor:
         module = self.module[mid]

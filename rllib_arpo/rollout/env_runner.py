@@ -50,6 +50,26 @@ def build_engine(config):
     return engine_class.from_pretrained(config.model_path, dtype=DTYPES[config.dtype], **config.engine_options)
 
 
+def next_prompts(stream: PromptStream, tokenizer, count: int, max_tokens: int | None):
+    """(examples, their prompt token ids, how many were skipped): the next ``count`` prompts of
+    ``stream`` of at most ``max_tokens`` tokens (None: any length). Raises ValueError when a
+    whole pass over the stream's examples finds none short enough."""
+    examples, prompts, skipped, since_last_kept = [], [], 0, 0
+    while len(examples) < count:
+        for example in stream.next_batch(count - len(examples)):
+            ids = encode_prompt(tokenizer, example)
+            if max_tokens is not None and len(ids) > max_tokens:
+                skipped += 1
+                since_last_kept += 1
+                if since_last_kept > len(stream.examples):
+                    raise ValueError(f"no prompt of this dataset shard fits max_prompt_tokens={max_tokens}")
+                continue
+            since_last_kept = 0
+            examples.append(example)
+            prompts.append(ids)
+    return examples, prompts, skipped
+
+
 class ARPOEnvRunner(EnvRunner, Checkpointable):
     def __init__(self, *, config, **kwargs):
         super().__init__(config=config, **kwargs)
@@ -75,8 +95,10 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
     def sample(self, **kwargs) -> RolloutBatch:
         cfg = self.config
         start = time.perf_counter()
-        examples = self.prompts.next_batch(cfg.prompts_per_env_runner)
-        prompts = [encode_prompt(self.tokenizer, e) for e in examples]
+        examples, prompts, skipped = next_prompts(
+            self.prompts, self.tokenizer, cfg.prompts_per_env_runner, cfg.max_prompt_tokens
+        )
+        self.metrics.log_value("prompts_skipped_too_long", skipped, window=1)
         self._num_samples += 1
         trees, stats = self.rollout.run(prompts, seed=self._seed * 100_003 + self._num_samples)
         scores = score_trees(trees, examples, self.tokenizer, self.reward_settings, tuple(self.tools.tools))

@@ -105,13 +105,20 @@ def wrap_result(text: str) -> str:
     return f"{RESULT_OPEN}{text}{RESULT_CLOSE}"
 
 
+MAX_CHARS_PER_TOKEN = 64
+"""A tool's answer is cut to ``MAX_CHARS_PER_TOKEN * max_tokens`` characters before it is
+tokenized, so a huge answer costs no more than the tokens it may keep."""
+
+
 def encode_tool_result(tokenizer, text: str, max_tokens: int) -> list[int]:
     """The token ids of ``wrap_result(text)`` with the text cut to ``max_tokens`` tokens; the
-    tags and the text are encoded separately, so the cut never splits a tag."""
+    tags and the text are encoded separately, so the cut never splits a tag. Characters that
+    cannot be encoded (lone surrogates) become U+FFFD."""
 
     def encode(piece: str) -> list[int]:
         return tokenizer.encode(piece, add_special_tokens=False)
 
+    text = text[: MAX_CHARS_PER_TOKEN * max_tokens].encode("utf-8", errors="replace").decode("utf-8")
     return encode(RESULT_OPEN) + encode(text)[:max_tokens] + encode(RESULT_CLOSE)
 
 

@@ -1,15 +1,17 @@
 """The ``python`` tool: runs the model's code in a fresh, resource-limited, isolated interpreter.
 
-Each call starts the base interpreter with ``-I -S -u`` (isolated mode: no ``PYTHON*`` variables, no
-user site-packages; no ``site`` start-up; unbuffered, so output printed before a timeout is kept)
-with a small runner that receives the code on stdin and then:
+Each call starts the interpreter (by default the base interpreter of this one, not a virtual
+environment's) with ``-I -S -u`` (isolated mode: no ``PYTHON*`` variables, no user site-packages;
+no ``site`` start-up; unbuffered, so output printed before a timeout is kept) with a small runner
+that receives the code on stdin and then:
 
-- puts the interpreter's site-packages directories on ``sys.path`` (numpy or sympy, where the
-  base interpreter has them, import as usual) without running their ``.pth`` files, which run
-  arbitrary code at every start-up (on some machines tens of milliseconds of imports, more than
-  the rest of a call), and defines ``exit()`` and ``quit()`` as the normal start-up does;
+- puts the interpreter's site-packages directories and the configured ``site_packages`` on
+  ``sys.path`` (numpy or sympy, where they are installed there, import as usual) without running
+  their ``.pth`` files, which run arbitrary code at every start-up, and defines ``exit()`` and
+  ``quit()`` as the normal start-up does;
 - sets resource limits: CPU seconds (``ceil(timeout_s) + 1``, a backstop behind the wall-clock
   deadline), address space, number of processes and file size;
+- under bubblewrap as root, drops to the call's own uid (``isolation.CallUid``);
 - keeps only ``PATH``, ``LANG`` and ``OMP_NUM_THREADS`` of its environment and points ``HOME`` and
   ``TMPDIR`` at its private working directory: nothing of the parent's environment leaks;
 - writes the code to ``main.py`` in that directory and runs it, printing the value of the last
@@ -21,25 +23,21 @@ The parent starts the child in a new session, reads at most ``4 * max_output_cha
 stdout and the tail of stderr (the rest is read and dropped, so printing forever costs no
 memory), and kills the whole process group at the wall-clock timeout and after every run.
 
-Isolation. Where the OS allows it (root, or ``CAP_SYS_ADMIN``; detected once per process),
-the child runs under ``unshare --net --pid --fork --kill-child --mount-proc``:
+Isolation (``sandbox``, see ``tools.isolation`` for what a call under bubblewrap sees):
 
-- no network: a fresh network namespace has only a loopback interface, which is down;
-- a PID namespace: the runner is its init (PID 1), so when it dies the kernel kills everything
-  in the namespace, daemons started with ``setsid`` included; ``/proc`` shows only the
-  namespace, so neither the parent's ``/proc/<pid>/environ`` nor its pid is reachable;
-- a mount namespace, where the runner (still root there) mounts fresh tmpfs on ``/tmp``,
-  ``/var/tmp`` and ``/dev/shm`` (the working directory lives there and vanishes with the
-  namespace) and on ``/root``, hiding root's home; the Python installation is bound back
-  read-only when it lives under ``/root``;
-- when the parent is root, the runner drops to uid/gid 65534 (``nobody``) after the mounts:
-  the rest of the file system is then read-only to it, and ``RLIMIT_NPROC`` (which the kernel
-  does not enforce for root) caps the processes of that user. The cap counts all processes of
-  uid 65534 on the machine, so concurrent sandboxes share it.
-
-Elsewhere the tool warns once and runs the same runner as a plain subprocess with the limits
-above in a host temporary directory (removed afterwards), without file system, network or
-PID isolation (a daemon that calls ``setsid`` escapes the process-group kill there).
+- ``required`` (default) and ``best_effort`` where namespaces work: bubblewrap. Its file system
+  holds the interpreter, the standard library, the allowed site-packages and the system's shared
+  libraries (read-only) and a private ``/tmp`` capped at ``tmp_size_mb``; no network; a PID
+  namespace that takes every process of the call with it; no new user namespaces; processes
+  counted per call.
+- ``best_effort`` where namespaces are refused: a plain subprocess in a host temporary directory
+  (removed afterwards). A root trainer runs it as the call's own uid (so ``RLIMIT_NPROC`` counts
+  only the call, the trainer's ``/proc/<pid>/environ`` and root-owned files are out of reach, and
+  every process of that uid is killed after the call, ``setsid`` daemons included); the
+  interpreter must then be readable by other users. A non-root trainer makes itself
+  non-dumpable (``PR_SET_DUMPABLE`` 0), so code of the same uid cannot read its ``/proc/<pid>/``
+  files. World-readable files and the network stay reachable: a warning says so once.
+- ``off``: a plain subprocess as the trainer's user with the resource limits only.
 
 The limits are set by the child itself rather than in a ``preexec_fn``: the executor calls
 tools from threads, and ``preexec_fn`` is not safe in a threaded parent.
@@ -48,6 +46,7 @@ tools from threads, and ``preexec_fn`` is not safe in a threaded parent.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import math
 import os
@@ -61,51 +60,31 @@ import textwrap
 import threading
 import time
 import warnings
+from collections.abc import Sequence
 
 from rllib_arpo.tools.base import TOOLS
+from rllib_arpo.tools.isolation import (
+    HOW_TO_ENABLE,
+    SANDBOX_MODES,
+    CallUid,
+    SandboxUnavailable,
+    bwrap_command,
+    filter_pipe,
+)
 
-# Runs in the child: reads the code, makes its private mounts (in namespaces), sets the limits,
-# leaves root, enters its working directory, then runs the code, echoing the last expression's
-# value. It starts on every call, so it keeps start-up short: _ast (the C module behind ast, which
-# imports much more), the interpreter's own traceback printer (not the traceback module), and
-# mount(2) through ctypes rather than a shell running mount(8) four times (docs/benchmarks.md).
+# Runs in the child: reads the code, sets the limits, leaves root (under bubblewrap as root),
+# enters its working directory, then runs the code, echoing the last expression's value. It
+# starts on every call, so it keeps start-up short: _ast (the C module behind ast, which imports
+# much more) and the interpreter's own traceback printer (not the traceback module).
 _RUNNER = """\
 import os, resource, site, sys
 from _ast import PyCF_ONLY_AST, Expr, Expression
 
-sys.path.extend(path for path in site.getsitepackages() if os.path.isdir(path))
+cpu_s, memory_bytes, max_processes, max_file_bytes, uid = map(int, sys.argv[1:6])
+workdir = sys.argv[6]
+sys.path.extend(path for path in [*site.getsitepackages(), *sys.argv[7:]] if os.path.isdir(path))
 site.setquit()  # exit() and quit(), as a normal start-up defines them
-
-cpu_s, memory_bytes, max_processes, max_file_bytes, uid, private_mounts = map(int, sys.argv[1:7])
-workdir = sys.argv[7]
 code = sys.stdin.buffer.read()
-if private_mounts:  # fresh namespaces, still root: private /tmp, /var/tmp, /dev/shm and /root
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
-    MS_RDONLY, MS_REMOUNT, MS_BIND, MS_MOVE = 1, 32, 4096, 8192
-
-    def mount(source, target, fstype, flags, options):
-        if libc.mount(source, target, fstype, flags, options) != 0:
-            error = ctypes.get_errno()
-            raise OSError(error, os.strerror(error), target)
-
-    for directory in (b"/tmp", b"/var/tmp", b"/dev/shm"):
-        if os.path.isdir(directory):
-            mount(b"tmpfs", directory, b"tmpfs", 0, b"size=64m,mode=1777")
-    home = sys.base_prefix.encode()  # the interpreter's own files: parked read-only while /root is replaced
-    parked = b"/tmp/.python"
-    keep_home = home.startswith(b"/root/")
-    if keep_home:
-        os.mkdir(parked)
-        mount(home, parked, None, MS_BIND, None)
-        mount(None, parked, None, MS_BIND | MS_REMOUNT | MS_RDONLY, None)
-    mount(b"tmpfs", b"/root", b"tmpfs", 0, b"size=1m,mode=755")
-    if keep_home:
-        os.makedirs(home)
-        mount(parked, home, None, MS_MOVE, None)
-        os.rmdir(parked)
 os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
 for limit, value in ((resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_AS, memory_bytes),
                      (resource.RLIMIT_NPROC, max_processes), (resource.RLIMIT_FSIZE, max_file_bytes)):
@@ -139,7 +118,6 @@ except Exception as error:
 
 _READ_CHUNK_BYTES = 1 << 16
 _EXIT_POLL_S = 0.1
-_SANDBOX_UID = 65534  # nobody
 _ENVIRONMENT = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "LANG": "C.UTF-8",
@@ -148,57 +126,145 @@ _ENVIRONMENT = {
 """The child's whole environment (the runner keeps these and sets ``HOME`` and ``TMPDIR``)."""
 _INTERPRETER = getattr(sys, "_base_executable", None) or sys.executable
 """The base interpreter, not a virtual environment's: the code runs in isolated mode (``-I``) with the
-base interpreter's packages, and a venv may live where the namespace hides (a clone under /tmp)."""
+base interpreter's packages, and a venv may live where the sandbox does not show it."""
+_KILL_ALL = "import os\ntry:\n    os.kill(-1, 9)\nexcept ProcessLookupError:\n    pass"
+"""Run as a call's uid: kills every process of that uid but itself (kill(2) with pid -1)."""
 
 
 @TOOLS.register("python")
 class PythonTool:
     """Executes Python code and answers with what it printed (see the module docstring).
 
-    ``isolate=False`` skips the namespaces even where they are available.
+    Args:
+        sandbox: ``required``, ``best_effort`` or ``off`` (module docstring); ``required``
+            raises ``SandboxUnavailable`` where namespaces are refused.
+        timeout_s: wall-clock limit of a call.
+        max_output_chars: the answer keeps this many characters of the output.
+        memory_limit_mb: address space of the call's processes.
+        max_processes: processes of one call.
+        max_file_size_mb: the largest file a call may write.
+        tmp_size_mb: size of the call's private ``/tmp`` (under bubblewrap).
+        traceback_lines: lines of a traceback in the answer.
+        interpreter: the Python that runs the code (default: this one's base interpreter).
+        site_packages: more directories of packages the code may import (bound read-only).
     """
 
     name: str
 
     def __init__(
         self,
+        sandbox: str = "required",
         timeout_s: float = 10.0,
         max_output_chars: int = 2000,
         memory_limit_mb: int = 1024,
         max_processes: int = 32,
         max_file_size_mb: int = 16,
+        tmp_size_mb: int = 64,
         traceback_lines: int = 5,
-        isolate: bool = True,
+        interpreter: str | None = None,
+        site_packages: Sequence[str] = (),
     ) -> None:
+        if sandbox not in SANDBOX_MODES:
+            raise ValueError(f"python tool: sandbox must be one of {', '.join(SANDBOX_MODES)}, got {sandbox!r}")
+        self.sandbox = sandbox
         self.timeout_s = timeout_s
         self.max_output_chars = max_output_chars
         self.memory_limit_mb = memory_limit_mb
         self.max_processes = max_processes
         self.max_file_size_mb = max_file_size_mb
+        self.tmp_size_mb = tmp_size_mb
         self.traceback_lines = traceback_lines
-        self.isolate = isolate
+        self.interpreter = interpreter or _INTERPRETER
+        self.site_packages = tuple(site_packages)
+        self.as_root = os.geteuid() == 0
+        refusal = "sandbox: off" if sandbox == "off" else namespaces_refusal(self.interpreter, self.site_packages)
+        self.isolated = not refusal
+        if sandbox == "required" and refusal:
+            raise SandboxUnavailable(f"python tool: namespaces are unavailable here ({refusal}). {HOW_TO_ENABLE}")
+        if sandbox == "best_effort" and refusal:
+            self._start_best_effort(refusal)
 
     def __call__(self, code: str) -> str:
         with contextlib.ExitStack() as stack:
-            isolated = self.isolate and namespaces_available()
-            if isolated:
-                workdir = f"/tmp/python-tool-{secrets.token_hex(8)}"  # in the namespace's own /tmp
-            else:
-                workdir = stack.enter_context(
-                    tempfile.TemporaryDirectory(prefix="python-tool-", ignore_cleanup_errors=True)
-                )
+            uid = stack.enter_context(CallUid()) if self.as_root and self.sandbox != "off" else -1
             limits = (
                 math.ceil(self.timeout_s) + 1,  # CPU seconds: a backstop; the wall-clock deadline comes first
                 self.memory_limit_mb << 20,
                 self.max_processes,
                 self.max_file_size_mb << 20,
             )
-            command = _command(limits, workdir, isolated)
-            stdout, stderr, returncode = self._execute(command, textwrap.dedent(code).encode("utf-8"))
+            source = textwrap.dedent(code).encode("utf-8", errors="replace")
+            if self.isolated:
+                seccomp = filter_pipe()
+                stack.callback(os.close, seccomp)
+                prefix = bwrap_command(
+                    self.interpreter, self.site_packages, self.tmp_size_mb << 20, seccomp, self.as_root
+                )
+                workdir = f"/tmp/python-tool-{secrets.token_hex(8)}"  # in the sandbox's own /tmp
+                command = self._command(prefix, limits, uid, workdir)
+                stdout, stderr, returncode = self._execute(command, source, pass_fds=(seccomp,))
+            else:
+                workdir = stack.enter_context(
+                    tempfile.TemporaryDirectory(prefix="python-tool-", ignore_cleanup_errors=True)
+                )
+                if uid >= 0:
+                    os.chown(workdir, uid, uid)
+                    stack.callback(self._kill_all_processes_of, uid)
+                command = self._command([], limits, -1, workdir)
+                stdout, stderr, returncode = self._execute(command, source, user=uid)
         return self._format(stdout, stderr, returncode)
 
-    def _execute(self, command: list[str], code: bytes) -> tuple[bytes, bytes, int | None]:
-        """Runs ``command`` with ``code`` on stdin; returns (stdout head, stderr tail, exit code; None on timeout)."""
+    def _command(self, prefix: list[str], limits: tuple[int, ...], uid: int, workdir: str) -> list[str]:
+        """``prefix`` + the runner with ``limits`` (CPU seconds, address space bytes, processes,
+        file bytes), the uid to drop to (-1: none) and its working directory."""
+        arguments = [*limits, uid, workdir, *self.site_packages]
+        return [*prefix, self.interpreter, "-I", "-S", "-u", "-c", _RUNNER, *map(str, arguments)]
+
+    def _start_best_effort(self, refusal: str) -> None:
+        """Checks and prepares the plain-subprocess fallback of ``best_effort``; warns once."""
+        if self.as_root:
+            with CallUid() as uid:
+                try:
+                    subprocess.run(
+                        [self.interpreter, "-I", "-S", "-c", "pass"],
+                        **_as_user(uid),
+                        capture_output=True,
+                        check=True,
+                        timeout=60,
+                        cwd="/",
+                        env=_ENVIRONMENT,
+                    )
+                except (OSError, subprocess.SubprocessError) as error:
+                    raise SandboxUnavailable(
+                        f"python tool: sandbox best_effort runs code as an unprivileged user, but "
+                        f"{self.interpreter} does not start as one ({error}); make the interpreter readable "
+                        "by other users, set tools: {python: {interpreter: ...}}, or set sandbox: off"
+                    ) from error
+            who = "as a uid of its own per call"
+        else:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+            who = "as this user (this process is now non-dumpable, so its /proc files stay private)"
+        warnings.warn(
+            f"python tool: namespaces are unavailable ({refusal[:200]}); sandbox best_effort runs code in a "
+            f"plain subprocess {who}, with resource limits, but world-readable files and the network stay "
+            "reachable",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+    def _kill_all_processes_of(self, uid: int) -> None:
+        """Kills what a call left running under its uid (``setsid`` daemons included)."""
+        subprocess.run(
+            [self.interpreter, "-I", "-S", "-c", _KILL_ALL], **_as_user(uid), cwd="/", env=_ENVIRONMENT, timeout=60
+        )
+
+    def _execute(
+        self, command: list[str], code: bytes, user: int = -1, pass_fds: Sequence[int] = ()
+    ) -> tuple[bytes, bytes, int | None]:
+        """Runs ``command`` with ``code`` on stdin (as ``user`` unless -1); returns (stdout head,
+        stderr tail, exit code; None on timeout)."""
         deadline = time.monotonic() + self.timeout_s
         with subprocess.Popen(
             command,
@@ -208,6 +274,8 @@ class PythonTool:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
+            pass_fds=pass_fds,
+            **(_as_user(user) if user >= 0 else {}),
         ) as process:
             try:
                 with contextlib.suppress(BrokenPipeError):  # the child may die before reading it all
@@ -240,42 +308,50 @@ class PythonTool:
         return "\n".join(part for part in (output, error) if part)
 
 
-def _command(limits: tuple[int, int, int, int], workdir: str, isolated: bool) -> list[str]:
-    """The command line that runs the runner with ``limits`` (CPU seconds, address space bytes,
-    processes, file bytes) in ``workdir``: in fresh namespaces, where the runner makes its
-    private mounts and, when started as root, becomes ``nobody``; or as a plain subprocess."""
-    uid = _SANDBOX_UID if isolated and os.geteuid() == 0 else -1
-    prefix = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc"] if isolated else []
-    arguments = [*limits, uid, int(isolated), workdir]
-    return [*prefix, _INTERPRETER, "-I", "-S", "-u", "-c", _RUNNER, *map(str, arguments)]
+_PR_SET_DUMPABLE = 4
+
+
+def _as_user(uid: int) -> dict:
+    """``Popen`` arguments that start the child as ``uid`` (group ``uid``, no supplementary groups)."""
+    return {"user": uid, "group": uid, "extra_groups": []}
 
 
 _probe_lock = threading.Lock()
 
 
-def namespaces_available() -> bool:
-    """Whether this process may create the sandbox's namespaces; probed once, warns once if not."""
+def namespaces_refusal(interpreter: str = _INTERPRETER, site_packages: tuple[str, ...] = ()) -> str:
+    """Why code cannot run under bubblewrap here ("" when it can); probed once per interpreter
+    and package list by running ``pass`` through the whole sandbox."""
     with _probe_lock:
-        return _probe_namespaces()
+        return _probe(interpreter, site_packages)
+
+
+def namespaces_available() -> bool:
+    """Whether the default interpreter runs under bubblewrap here."""
+    return not namespaces_refusal()
 
 
 @functools.cache
-def _probe_namespaces() -> bool:
+def _probe(interpreter: str, site_packages: tuple[str, ...]) -> str:
+    as_root = os.geteuid() == 0
+    seccomp = -1
     try:
-        # the runner must start in there, make its mounts and run code
-        command = _command((30, 1 << 30, 32, 1 << 20), "/tmp/python-tool-probe", isolated=True)
-        probe = subprocess.run(command, input=b"pass", capture_output=True, timeout=30, cwd="/", env=_ENVIRONMENT)
-        refusal = probe.stderr.decode(errors="replace").strip() if probe.returncode else ""
-    except (OSError, subprocess.TimeoutExpired) as error:
-        refusal = str(error)
-    if refusal:
-        warnings.warn(
-            f"python tool: namespaces unavailable ({refusal[:200]}); running code in a plain "
-            "subprocess with resource limits only, without file system, network or PID isolation",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-    return not refusal
+        with CallUid() as uid:
+            seccomp = filter_pipe()
+            prefix = bwrap_command(interpreter, site_packages, 1 << 20, seccomp, as_root)
+            runner = [interpreter, "-I", "-S", "-u", "-c", _RUNNER, "30", str(1 << 30), "32", str(1 << 20)]
+            command = [*prefix, *runner, str(uid if as_root else -1), "/tmp/python-tool-probe"]
+            probe = subprocess.run(
+                command, input=b"pass", capture_output=True, timeout=60, cwd="/", env=_ENVIRONMENT, pass_fds=(seccomp,)
+            )
+        if probe.returncode == 0:
+            return ""
+        return probe.stderr.decode(errors="replace").strip()[-500:] or f"exit status {probe.returncode}"
+    except (OSError, subprocess.SubprocessError, SandboxUnavailable) as error:
+        return str(error)
+    finally:
+        if seccomp >= 0:
+            os.close(seccomp)
 
 
 def _read_bounded(process: subprocess.Popen, limit_bytes: int, deadline: float) -> tuple[bytearray, bytearray, bool]:

@@ -120,7 +120,7 @@ def test_dataset_errors_are_clear(tmp_path):
         load_dataset({"type": "parquet", "path": str(tmp_path / "none.parquet")})
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "q"}\n')
-    with pytest.raises(ValueError, match="bad.jsonl:1: a line needs 'question' and 'answer'"):
+    with pytest.raises(ValueError, match="bad.jsonl: row 1: missing field 'answer'"):
         load_dataset({"type": "jsonl", "path": str(bad)})
 
 

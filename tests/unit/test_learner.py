@@ -198,3 +198,23 @@ def test_rllib_grad_clip_scales_the_global_norm(model_dir, grad_clip):
     applied = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in module_of(learner).parameters()]))
     expected = grad_clip if grad_clip is not None else unclipped
     assert float(applied) == pytest.approx(float(expected), rel=1e-4)
+
+
+def test_nonfinite_updates_are_skipped_counted_and_stop_the_run_in_a_row(model_dir):
+    learner = build_learner(model_dir, max_consecutive_nonfinite_steps=2)
+    batch = training_batch(learner)
+    poisoned = dict(batch, advantages=torch.where(batch["loss_mask"] > 0, torch.nan, batch["advantages"]))
+
+    def update(rows: dict[str, torch.Tensor]) -> dict:
+        numpy_batch = SampleBatch({k: v.numpy() for k, v in rows.items()})
+        return learner.update(batch=MultiAgentBatch({DEFAULT_MODULE_ID: numpy_batch}, env_steps=1))
+
+    module = module_of(learner)
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    assert update(poisoned)["nonfinite_steps_skipped"].peek() == 1
+    assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())  # no step taken
+    assert update(batch)["nonfinite_steps_skipped"].peek() == 0  # a finite update resets the count
+    assert not all(torch.equal(before[k], v) for k, v in module.state_dict().items())
+    update(poisoned)
+    with pytest.raises(FloatingPointError, match="2 updates in a row had a NaN or inf loss or gradient"):
+        update(poisoned)
