@@ -23,17 +23,16 @@ import ray
 from ray import tune
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
-from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
-from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, LEARNER_RESULTS
 
 from rllib_arpo.config_fields import CONFIG_GROUPS
 from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
 from rllib_arpo.core.settings import default_of, from_config
 from rllib_arpo.eval.evaluate import evaluate_env_runner
+from rllib_arpo.learner.group import policy_weights, update_learners
 from rllib_arpo.learner.packing import pad_rows
-from rllib_arpo.learner.rl_module import CausalLMModule, hf_state_dict
+from rllib_arpo.learner.rl_module import CausalLMModule
 from rllib_arpo.learner.rllib_compat import thawed
 from rllib_arpo.learner.torch_learner import ARPOTorchLearner
 from rllib_arpo.rollout.env_runner import ARPOEnvRunner
@@ -97,9 +96,17 @@ class ARPOConfig(AlgorithmConfig):
 
     def training(self, **kwargs) -> ARPOConfig:
         """Set LearningSettings fields and RLlib's own training fields."""
-        ours = {f.name for f in fields(CONFIG_GROUPS["training"])}
-        self._set_group("training", {k: kwargs.pop(k) for k in list(kwargs) if k in ours})
-        super().training(**kwargs)
+        return self._set_group_and_rllib("training", super().training, kwargs)
+
+    def learners(self, **kwargs) -> ARPOConfig:
+        """Set LearnerSettings fields (learner_backend, zero_stage, ...) and RLlib's own learner
+        fields (``num_learners``, ``num_gpus_per_learner``, ...)."""
+        return self._set_group_and_rllib("learners", super().learners, kwargs)
+
+    def _set_group_and_rllib(self, group: str, rllib_setter, kwargs: dict) -> ARPOConfig:
+        ours = {f.name for f in fields(CONFIG_GROUPS[group])}
+        self._set_group(group, {k: kwargs.pop(k) for k in list(kwargs) if k in ours})
+        rllib_setter(**kwargs)
         return self
 
     def _set_group(self, group: str, fields_to_set: dict) -> ARPOConfig:
@@ -114,6 +121,10 @@ class ARPOConfig(AlgorithmConfig):
 
     # --- RLlib hooks ----------------------------------------------------------------------
     def get_default_learner_class(self):
+        if self.learner_backend == "deepspeed":
+            from rllib_arpo.learner.deepspeed_learner import ARPODeepSpeedLearner
+
+            return ARPODeepSpeedLearner
         return ARPOTorchLearner
 
     def get_default_rl_module_spec(self) -> RLModuleSpec:
@@ -188,17 +199,12 @@ class ARPO(Algorithm):
             return
         options = ADVANTAGE_ESTIMATORS.get(cfg.advantage_estimator).options_from(cfg)
         attributed = compute_advantages(cfg.advantage_estimator, trees, rewards, **options)
-        train_batch = SampleBatch(pad_rows(attributed.rows, attributed.advantages, batches[0].pad_token_id))
+        train_batch = pad_rows(attributed.rows, attributed.advantages, batches[0].pad_token_id)
         num_tokens = int(train_batch["loss_mask"].sum())
 
-        # 3. learner update
+        # 3. learner update (one learner, or DDP / DeepSpeed shards with the global token mean)
         start = time.perf_counter()
-        learner_results = self.learner_group.update(
-            batch=MultiAgentBatch({DEFAULT_MODULE_ID: train_batch}, env_steps=num_tokens),
-            num_epochs=cfg.num_epochs,
-            minibatch_size=cfg.minibatch_size,
-            shuffle_batch_per_epoch=cfg.minibatch_size is not None,
-        )
+        learner_results = update_learners(self.learner_group, train_batch, cfg)
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
         self.metrics.log_value("learner_update_s", time.perf_counter() - start, window=1)
 
@@ -229,32 +235,27 @@ class ARPO(Algorithm):
     def set_state(self, state: dict) -> None:
         super().set_state(state)
         self.weights_version = state.get("weights_version", self.weights_version)
-        self._label_runner_weights()
+        self.push_policy_weights()
 
     def restore_from_path(self, path, *args, **kwargs) -> None:
         super().restore_from_path(path, *args, **kwargs)
-        self._label_runner_weights()
-
-    def _label_runner_weights(self) -> None:
-        """RLlib pushes restored learner weights to the EnvRunners as version 0 (RLlib's own
-        sync, after ``set_state`` too); give them the restored version number."""
-        version = self.weights_version
-        self.env_runner_group.foreach_env_runner(
-            lambda runner: runner.set_state({"weights_version": version}),
-            local_env_runner=self.config.num_env_runners == 0,
-        )
+        self.push_policy_weights()
 
     def sync_policy_weights(self) -> None:
         """Send the learner's current weights to every EnvRunner as version ``weights_version + 1``."""
         self.weights_version += 1
-        module_state = self.learner_group.get_state(
-            components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{DEFAULT_MODULE_ID}"
-        )[COMPONENT_LEARNER][COMPONENT_RL_MODULE][DEFAULT_MODULE_ID]
-        state = {"weights": hf_state_dict(module_state), "weights_version": self.weights_version}
-        if self.config.num_env_runners == 0:
-            self.env_runner.set_state(state)
+        self.push_policy_weights()
+
+    def push_policy_weights(self) -> None:
+        """Send the learner's current weights to every EnvRunner, labelled ``weights_version``."""
+        remote = self.config.num_env_runners > 0
+        weights = policy_weights(self.learner_group, as_object_ref=remote)
+        if not remote:
+            self.env_runner.set_state({"weights": weights, "weights_version": self.weights_version})
             return
-        state["weights"] = ray.put(state["weights"])
+        if not isinstance(weights, ray.ObjectRef):  # a local learner: one copy into the object store
+            weights = ray.put(weights)
+        state = {"weights": weights, "weights_version": self.weights_version}
         self.env_runner_group.foreach_env_runner(lambda runner: runner.set_state(state), local_env_runner=False)
 
 

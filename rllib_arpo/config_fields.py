@@ -22,6 +22,8 @@ from rllib_arpo.rollout.settings import RolloutSettings
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 KL_ESTIMATORS = ("k1", "k2", "k3")
+LEARNER_BACKENDS = ("torch", "deepspeed")
+ZERO_STAGES = (1, 2, 3)
 
 
 def _at_least(values: dict[str, tuple[Any, float]]) -> None:
@@ -152,6 +154,34 @@ class LearningSettings:
         )
 
 
+@dataclass(frozen=True)
+class LearnerSettings:
+    """How the learners hold and update the policy (RLlib's own `num_learners`, `num_gpus_per_learner` apply too)."""
+
+    learner_backend: str = setting(
+        "torch",
+        "`torch`: RLlib's TorchLearner, PyTorch DDP when `num_learners` >= 2; `deepspeed`: a DeepSpeed ZeRO "
+        "engine replaces DDP and the optimizer (`pip install -e .[deepspeed]`).",
+    )
+    zero_stage: int = setting(
+        2, "DeepSpeed ZeRO stage: 1 partitions optimizer states, 2 also gradients, 3 also parameters."
+    )
+    zero_offload: bool = setting(
+        False, "DeepSpeed: keep optimizer states (stage 3: parameters too) in CPU memory instead of the GPU's."
+    )
+    deepspeed_config: dict = setting(
+        {}, "Entries merged (recursively) over the DeepSpeed config the learner builds from the fields above."
+    )
+
+    def __post_init__(self) -> None:
+        if self.learner_backend not in LEARNER_BACKENDS:
+            raise ValueError(f"learner_backend must be one of {list(LEARNER_BACKENDS)}, got {self.learner_backend!r}")
+        if self.zero_stage not in ZERO_STAGES:
+            raise ValueError(f"zero_stage must be one of {list(ZERO_STAGES)}, got {self.zero_stage!r}")
+        if not isinstance(self.deepspeed_config, dict):
+            raise ValueError(f"deepspeed_config must be a mapping, got {self.deepspeed_config!r}")
+
+
 CONFIG_GROUPS: dict[str, type] = {
     "policy": PolicySettings,
     "data": DataSettings,
@@ -160,6 +190,7 @@ CONFIG_GROUPS: dict[str, type] = {
     "rewards": RewardSettings,
     "held_out": HeldOutSettings,
     "training": LearningSettings,
+    "learners": LearnerSettings,
 }
 """Fluent setter of ``ARPOConfig`` -> the group of fields it sets."""
 

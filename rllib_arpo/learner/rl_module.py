@@ -5,7 +5,8 @@ The module therefore takes placeholder gym spaces (RLlib needs some) and works o
 batches: ``forward_train`` returns log pi(x_t | x_<t) of every next token.
 
 Weights never pass through RLlib's numpy conversion (it breaks bf16 and copies the whole model):
-``get_state`` returns detached torch tensors and ``set_state`` loads them in place.
+``get_state`` returns detached torch tensors and ``set_state`` loads them in place. RLlib's own
+sync to the EnvRunners gets an empty state; ARPO syncs the weights itself.
 """
 
 from __future__ import annotations
@@ -32,6 +33,15 @@ def next_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.
     logits = logits[:, :-1].float()
     targets = input_ids[:, 1:].unsqueeze(-1)
     return logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def load_reference_model(model_config: dict, device) -> torch.nn.Module:
+    """The frozen initial policy (for the KL penalty), in eval mode on ``device``."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = DTYPES[model_config.get("dtype", "float32")]
+    model = AutoModelForCausalLM.from_pretrained(model_config["model_path"], dtype=dtype).to(device).eval()
+    return model.requires_grad_(False)
 
 
 def hf_state_dict(module_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -68,6 +78,11 @@ class CausalLMModule(TorchRLModule):
         return self._forward(batch, **kwargs)
 
     def get_state(self, components=None, *, not_components=None, inference_only=False, **kwargs):
+        """The weights as detached CPU tensors; empty for ``inference_only``: that is what RLlib's
+        own weight sync to the EnvRunners asks for, and ARPO sends the weights itself (versioned,
+        in the engines' dtype, gathered where a backend shards them; ``algorithm.ARPO``)."""
+        if inference_only:
+            return {}
         return {k: v.detach().cpu() for k, v in self.state_dict().items()}
 
     def set_state(self, state: dict[str, torch.Tensor]) -> None:

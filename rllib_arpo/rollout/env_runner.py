@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import ray
-from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.utils.checkpoints import Checkpointable
 
@@ -26,7 +26,7 @@ from rllib_arpo.core.rewards import RewardSettings, accuracy
 from rllib_arpo.core.settings import from_config
 from rllib_arpo.core.tree import RolloutTree
 from rllib_arpo.data.datasets import PromptStream, dataset_documents, encode_prompt, load_dataset
-from rllib_arpo.learner.rl_module import DTYPES, hf_state_dict, placeholder_spaces
+from rllib_arpo.learner.rl_module import DTYPES, placeholder_spaces
 from rllib_arpo.rollout.engine import ENGINES
 from rllib_arpo.rollout.scoring import score_trees
 from rllib_arpo.rollout.settings import RolloutSettings
@@ -153,21 +153,13 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         return {"weights_version": self.engine.weights_version}
 
     def set_state(self, state: dict) -> None:
-        """Load ``{"weights": state_dict | ObjectRef, "weights_version": v}``; RLlib's initial
-        sync (the learner's module state under ``rl_module``) is accepted too, as version 0, and
-        ``{"weights_version": v}`` alone relabels the loaded weights (after a restore)."""
+        """Load ``{"weights": state_dict | ObjectRef, "weights_version": v}``. RLlib's own weight
+        sync (``rl_module``) carries no weights (``CausalLMModule.get_state``) and is ignored."""
         if "weights" in state:
             weights = state["weights"]
             if isinstance(weights, ray.ObjectRef):
                 weights = ray.get(weights)
             self.engine.update_weights(weights, state["weights_version"])
-        elif COMPONENT_RL_MODULE in state:
-            module_state = state[COMPONENT_RL_MODULE]
-            if isinstance(module_state, ray.ObjectRef):
-                module_state = ray.get(module_state)
-            self.engine.update_weights(hf_state_dict(module_state[DEFAULT_MODULE_ID]), 0)
-        elif "weights_version" in state:
-            self.engine.weights_version = state["weights_version"]
 
     def get_ctor_args_and_kwargs(self):
         return (), {"config": self.config}

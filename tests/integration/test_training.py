@@ -133,3 +133,29 @@ def test_checkpoint_restore_resyncs_runner_weights_and_version(ray_session, smal
         assert result["training_iteration"] == 3 and result["weights_version"] == 3
     finally:
         restored.stop()
+
+
+def test_deepspeed_zero3_learners_train_and_sync_the_gathered_weights(ray_session, small_config):
+    """Two ZeRO-3 learners (parameters partitioned between them) inside ARPO: the EnvRunner gets
+    the full, gathered weights of the update."""
+    from rllib_arpo.learner.group import policy_weights
+
+    config = (
+        small_config.env_runners(num_env_runners=1)
+        .learners(num_learners=2, num_cpus_per_learner=1, learner_backend="deepspeed", zero_stage=3)
+        .training(weight_decay=0.5)
+    )
+    algo = config.build_algo()
+    try:
+        [(_, before)] = algo.env_runner_group.foreach_env_runner(runner_weights, local_env_runner=False)
+        result = algo.train()
+        assert result["weights_version"] == 1
+        learner = policy_weights(algo.learner_group)
+        [(version, weights)] = algo.env_runner_group.foreach_env_runner(runner_weights, local_env_runner=False)
+        assert version == 1 and weights.keys() == learner.keys()
+        assert all(torch.equal(weights[name], tensor) for name, tensor in learner.items())
+        assert all(tensor.shape == before[name].shape for name, tensor in weights.items())
+        assert not all(torch.equal(weights[name], before[name]) for name in before)
+        assert "policy_loss" in result["learners"][DEFAULT_MODULE_ID]
+    finally:
+        algo.stop()
