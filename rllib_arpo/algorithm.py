@@ -132,7 +132,10 @@ class ARPOConfig(AlgorithmConfig):
 
     @property
     def _model_config_auto_includes(self) -> dict[str, Any]:
-        return {"model_path": self.model_path, "dtype": self.dtype}
+        return {
+            key: getattr(self, key)
+            for key in ("model_path", "dtype", "master_weights", "gradient_checkpointing", "logprob_chunk_size")
+        }
 
     def validate(self) -> None:
         super().validate()
@@ -148,6 +151,11 @@ class ARPOConfig(AlgorithmConfig):
                 raise ValueError("model_path must name a save_pretrained directory (or 'tiny' for the embedded policy)")
             if not self.temperature > 0:
                 raise ValueError(f"temperature must be > 0 for RL sampling, got {self.temperature}")
+            if self.dtype == "float16" and self.master_weights and self.learner_backend == "torch":
+                raise ValueError(
+                    "dtype float16 with master_weights needs loss scaling: use bfloat16, or learner_backend: "
+                    "deepspeed (dynamic loss scaling)"
+                )
         except ValueError as error:
             raise ValueError(f"ARPOConfig: {error}") from None
 

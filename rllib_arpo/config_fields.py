@@ -39,7 +39,11 @@ class PolicySettings:
     model_path: str | None = setting(
         None, "A `save_pretrained` directory, or `tiny` for the embedded policy built on first use."
     )
-    dtype: str = setting("float32", "Weights of the learner and the engines: `float32`, `bfloat16`, `float16`.")
+    dtype: str = setting(
+        "float32",
+        "`float32`, `bfloat16`, `float16`: the engines' weights and the learner's compute (its weights and "
+        "optimizer states stay float32 with `master_weights`).",
+    )
     engine: str = setting("hf", "Generation engine: `hf` (transformers, exact entropy) or `vllm` (prefix caching).")
     engine_options: dict = setting(
         {}, "Keyword arguments of the engine's constructor (vLLM: `gpu_memory_utilization`, ...)."
@@ -172,6 +176,20 @@ class LearnerSettings:
     deepspeed_config: dict = setting(
         {}, "Entries merged (recursively) over the DeepSpeed config the learner builds from the fields above."
     )
+    master_weights: bool = setting(
+        True,
+        "With `dtype` bfloat16/float16: the learner keeps float32 weights and AdamW states and computes in `dtype` "
+        "(autocast; DeepSpeed: its bf16/fp16 optimizer); the engines get `dtype` copies. false: AdamW on the "
+        "low-precision weights themselves (at lr 1e-6 most bf16 weights then never change).",
+    )
+    gradient_checkpointing: bool = setting(
+        False, "Recompute each layer's activations in the backward pass: less memory, about a third more compute."
+    )
+    logprob_chunk_size: int | None = setting(
+        None,
+        "Log-probabilities over this many tokens at a time, each chunk's logits recomputed in the backward pass, so "
+        "no [tokens, vocab] float32 tensor is held; null: all at once.",
+    )
 
     def __post_init__(self) -> None:
         if self.learner_backend not in LEARNER_BACKENDS:
@@ -180,6 +198,8 @@ class LearnerSettings:
             raise ValueError(f"zero_stage must be one of {list(ZERO_STAGES)}, got {self.zero_stage!r}")
         if not isinstance(self.deepspeed_config, dict):
             raise ValueError(f"deepspeed_config must be a mapping, got {self.deepspeed_config!r}")
+        if self.logprob_chunk_size is not None:
+            _at_least({"logprob_chunk_size": (self.logprob_chunk_size, 1)})
 
 
 CONFIG_GROUPS: dict[str, type] = {

@@ -120,6 +120,10 @@ class ARPODeepSpeedLearner(ARPOTorchLearner):
         self._engines[mid].set_gradient_accumulation_boundary(last)
         return contextlib.nullcontext()
 
+    def _forward_train(self, mid, batch: dict[str, Any]) -> dict[str, Any]:
+        # through the engine: ZeRO-3 gathers the partitioned parameters around its forward
+        return self._engines[mid](batch)
+
     def _backward(self, mid, loss: torch.Tensor) -> None:
         # the loss already carries its micro-batch weight: no division by accumulation steps
         self._engines[mid].backward(loss, scale_wrt_gas=False)

@@ -15,9 +15,9 @@ averages their gradients. The denominator is then the *global* batch's (summed o
 with one all-reduce) and each learner's loss is multiplied by their number, so the averaged
 gradient is exactly the one-learner gradient of the whole batch, not a mean of per-shard means.
 
-The update is four steps a backend may replace (``deepspeed_learner.ARPODeepSpeedLearner`` does):
+The update is five steps a backend may replace (``deepspeed_learner.ARPODeepSpeedLearner`` does):
 ``_zero_gradients``, ``_micro_batch`` (a context around one micro-batch's forward and backward),
-``_backward`` and ``_optimizer_step``.
+``_forward_train``, ``_backward`` and ``_optimizer_step``.
 
 RLlib has no public hook for the micro-batch loop: it replaces ``TorchLearner._uncompiled_update``
 (``rllib_compat.UPDATE_HOOK``). Every RLlib private name goes through ``learner.rllib_compat``.
@@ -35,7 +35,7 @@ from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 
 from rllib_arpo.core.losses import compute_policy_loss
 from rllib_arpo.learner.distributed import data_parallel_rank, data_parallel_size, global_sum
-from rllib_arpo.learner.rl_module import DTYPES, hf_state_dict, load_reference_model, next_token_logprobs
+from rllib_arpo.learner.rl_module import DTYPES, hf_state_dict, load_reference_model, sequence_logprobs
 from rllib_arpo.learner.rllib_compat import parameter_gradients, update_result, zero_gradients
 
 logger = logging.getLogger(__name__)
@@ -56,7 +56,9 @@ class ARPOTorchLearner(TorchLearner):
 
     def policy_weights(self, module_id, *, as_object_ref: bool = False):
         """The module's weights under transformers' names, cast to the engines' ``dtype``, on
-        learner rank 0 (None on the others); in the object store with ``as_object_ref``."""
+        learner rank 0 (None on the others); in the object store with ``as_object_ref``. Tensors
+        already in that dtype are the parameters themselves (no copy): clone them to keep a
+        snapshot."""
         state = self._full_module_state(module_id)
         if state is None:
             return None
@@ -76,10 +78,8 @@ class ARPOTorchLearner(TorchLearner):
         ref_logprobs = None
         if module_id in self._reference_models:
             with torch.no_grad():
-                logits = self._reference_models[module_id](
-                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
-                ).logits
-                ref_logprobs = next_token_logprobs(logits, batch["input_ids"])
+                reference = self._reference_models[module_id]
+                ref_logprobs, _ = sequence_logprobs(reference, batch, chunk_size=config.logprob_chunk_size)
         return compute_policy_loss(
             config.policy_loss,
             fwd_out["logprobs"],
@@ -141,6 +141,9 @@ class ARPOTorchLearner(TorchLearner):
         module = self.module[mid]
         return module.no_sync() if not last and hasattr(module, "no_sync") else contextlib.nullcontext()
 
+    def _forward_train(self, mid, batch: dict[str, Any]) -> dict[str, Any]:
+        return self.module[mid].forward_train(batch)
+
     def _backward(self, mid, loss: torch.Tensor) -> None:
         loss.backward()
 
@@ -157,7 +160,6 @@ class ARPOTorchLearner(TorchLearner):
         Micro-batch c of this learner's shard is weighted by W * n_c / n, n_c its rows' share of
         the denominator, n the denominator summed over all W learners: the W learners'
         averaged gradient is then the gradient of the global batch's loss."""
-        module = self.module[mid]
         rows = module_batch["input_ids"].shape[0]
         denominators = self._denominators(module_batch["loss_mask"], config.loss_agg_mode)
         total = global_sum(denominators.sum().float()).clamp_min(1)
@@ -170,7 +172,7 @@ class ARPOTorchLearner(TorchLearner):
             chunk = {k: v[start : start + micro] for k, v in module_batch.items()}
             share = denominators[start : start + micro].sum().float() * scale
             with self._micro_batch(mid, last=i == len(starts) - 1):
-                fwd_out = module.forward_train(chunk)
+                fwd_out = self._forward_train(mid, chunk)
                 loss, metrics = self._policy_loss(mid, config, chunk, fwd_out)
                 self._backward(mid, loss * share)
             batch_loss += loss.detach() * share

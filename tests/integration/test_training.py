@@ -83,12 +83,13 @@ def test_bfloat16_policy_syncs_to_a_remote_runner_without_numpy(ray_session, sma
     algo = config.build_algo()
     try:
         algo.train()
-        learner = learner_weights(algo)
+        learner = learner_weights(algo)  # float32 master weights
+        assert {t.dtype for t in learner.values()} == {torch.float32}
         [(version, weights)] = algo.env_runner_group.foreach_env_runner(runner_weights, local_env_runner=False)
         assert version == 1
         assert {t.dtype for t in weights.values()} == {torch.bfloat16}
         for name, tensor in weights.items():
-            assert torch.equal(tensor, learner[name]), name
+            assert torch.equal(tensor, learner[name].bfloat16()), name
     finally:
         algo.stop()
 
