@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,12 +31,15 @@ from rllib_arpo.config_fields import CONFIG_GROUPS
 from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
 from rllib_arpo.core.settings import default_of, from_config
 from rllib_arpo.eval.evaluate import evaluate_env_runner
+from rllib_arpo.learner.checkpoint import POLICY_DIRECTORY, export_policy
 from rllib_arpo.learner.group import policy_weights, update_learners
 from rllib_arpo.learner.packing import pad_rows
 from rllib_arpo.learner.rl_module import CausalLMModule
 from rllib_arpo.learner.rllib_compat import thawed
 from rllib_arpo.learner.torch_learner import ARPOTorchLearner
-from rllib_arpo.rollout.env_runner import ARPOEnvRunner
+from rllib_arpo.rollout.env_runner import ARPOEnvRunner, DataPosition
+
+DEEPSPEED_DIRECTORY = "deepspeed"
 
 
 class ARPOConfig(AlgorithmConfig):
@@ -182,6 +186,8 @@ class ARPO(Algorithm):
                     setattr(target, key, value)
         super().setup(config)
         self.weights_version = 0
+        # EnvRunner index -> DataPosition after its last sample() that reached the learner
+        self.data_positions: dict[int, DataPosition] = {}
 
     def training_step(self) -> None:
         cfg = self.config
@@ -195,6 +201,7 @@ class ARPO(Algorithm):
             lambda runner: runner.get_metrics(), local_env_runner=cfg.num_env_runners == 0
         )
         self.metrics.aggregate(runner_metrics, key=ENV_RUNNER_RESULTS)
+        self.data_positions.update({batch.runner_index: batch.position for batch in batches})
         trees = [tree for batch in batches for tree in batch.trees]
         rewards = [reward for batch in batches for reward in batch.rewards]
 
@@ -237,17 +244,44 @@ class ARPO(Algorithm):
         for key, value in {**metrics, "after_iteration": after_iteration}.items():
             self.metrics.log_value(("evaluation", key), value, window=1)
 
+    # --- checkpoints (learner.checkpoint describes the layout) -----------------------------
     def get_state(self, *args, **kwargs) -> dict:
-        return {**super().get_state(*args, **kwargs), "weights_version": self.weights_version}
+        state = super().get_state(*args, **kwargs)
+        return {**state, "weights_version": self.weights_version, "data_positions": dict(self.data_positions)}
 
     def set_state(self, state: dict) -> None:
         super().set_state(state)
         self.weights_version = state.get("weights_version", self.weights_version)
+        self.data_positions = dict(state.get("data_positions", self.data_positions))
+        self.push_data_positions()
         self.push_policy_weights()
+
+    def save_to_path(self, path=None, *args, **kwargs) -> str:
+        """RLlib's checkpoint, DeepSpeed's partitions (``learner_backend: deepspeed``) and the
+        policy as a transformers directory under ``policy/``."""
+        path = super().save_to_path(path, *args, **kwargs)
+        if self.config.learner_backend == "deepspeed":
+            directory = str(Path(path) / DEEPSPEED_DIRECTORY)
+            self.learner_group.foreach_learner(lambda learner: learner.save_engines(directory))
+        weights = policy_weights(self.learner_group)
+        export_policy(weights, self.config.model_path, Path(path) / POLICY_DIRECTORY, self.config.dtype)
+        return path
 
     def restore_from_path(self, path, *args, **kwargs) -> None:
         super().restore_from_path(path, *args, **kwargs)
-        self.push_policy_weights()
+        if self.config.learner_backend == "deepspeed" and (Path(path) / DEEPSPEED_DIRECTORY).is_dir():
+            directory = str(Path(path) / DEEPSPEED_DIRECTORY)
+            self.learner_group.foreach_learner(lambda learner: learner.load_engines(directory))
+            self.push_policy_weights()
+
+    def push_data_positions(self) -> None:
+        """Move every EnvRunner to its recorded data position (after a restore or a restart)."""
+        positions = self.data_positions
+
+        def seek(runner):
+            runner.seek(positions.get(runner.worker_index or 0, DataPosition()))
+
+        self.env_runner_group.foreach_env_runner(seek, local_env_runner=self.config.num_env_runners == 0)
 
     def sync_policy_weights(self) -> None:
         """Send the learner's current weights to every EnvRunner as version ``weights_version + 1``."""

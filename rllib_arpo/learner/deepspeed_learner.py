@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from ray.rllib.core import COMPONENT_OPTIMIZER
 
 from rllib_arpo.learner.torch_learner import ARPOTorchLearner
 
@@ -148,3 +149,26 @@ class ARPODeepSpeedLearner(ARPOTorchLearner):
             state = super()._full_module_state(module_id)
             # copies: the gathered tensors are freed when the parameters are partitioned again
             return None if state is None else {name: tensor.clone() for name, tensor in state.items()}
+
+    # --- checkpoints: DeepSpeed's own, every learner writing its partitions ----------------
+    def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
+        """RLlib's learner state without the optimizer: it lives in the DeepSpeed checkpoint
+        (``save_engines``), partitioned over the learners."""
+        excluded = [not_components] if isinstance(not_components, str) else list(not_components or [])
+        return super().get_state(components, not_components=[*excluded, COMPONENT_OPTIMIZER], **kwargs)
+
+    def set_state(self, state: dict) -> None:
+        super().set_state({k: v for k, v in state.items() if k != COMPONENT_OPTIMIZER})
+
+    def save_engines(self, directory: str) -> None:
+        """Every learner calls this together: each writes its ZeRO partitions (weights, float32
+        master weights, optimizer states) under ``directory``."""
+        for mid, engine in self._engines.items():
+            engine.save_checkpoint(directory, tag=str(mid))
+
+    def load_engines(self, directory: str) -> None:
+        """Every learner calls this together, on a checkpoint of the same number of learners."""
+        for mid, engine in self._engines.items():
+            path, _ = engine.load_checkpoint(directory, tag=str(mid))
+            if path is None:
+                raise FileNotFoundError(f"no DeepSpeed checkpoint of module {mid!r} under {directory}")

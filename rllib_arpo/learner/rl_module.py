@@ -12,6 +12,7 @@ sync to the EnvRunners gets an empty state; ARPO syncs the weights itself.
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -20,6 +21,7 @@ import torch
 from ray.rllib.core.rl_module.torch import TorchRLModule
 
 from rllib_arpo.core.entropy import entropy_from_logits
+from rllib_arpo.learner.checkpoint import WEIGHTS_FILE, load_weights, save_weights
 from rllib_arpo.learner.logprobs import chunked_token_logprobs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -129,3 +131,15 @@ class CausalLMModule(TorchRLModule):
 
     def set_state(self, state: dict[str, torch.Tensor]) -> None:
         self.load_state_dict(state, strict=True)
+
+    def save_to_path(self, path=None, *, state=None, filesystem=None, use_msgpack=False) -> str:
+        """RLlib's checkpoint of the module, the weights written as safetensors (``model.safetensors``,
+        in the learner's own dtype) instead of a pickle."""
+        weights = state if state is not None else self.get_state()
+        marker = {"weights_file": WEIGHTS_FILE}
+        path = super().save_to_path(path, state=marker, filesystem=filesystem, use_msgpack=use_msgpack)
+        save_weights(weights, Path(path) / WEIGHTS_FILE)
+        return path
+
+    def restore_from_path(self, path, *, component=None, filesystem=None, **kwargs) -> None:
+        self.set_state(load_weights(Path(path) / WEIGHTS_FILE))

@@ -34,11 +34,13 @@ import torch
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 
 from rllib_arpo.core.losses import compute_policy_loss
+from rllib_arpo.learner.checkpoint import rng_states, set_rng_states
 from rllib_arpo.learner.distributed import data_parallel_rank, data_parallel_size, global_sum
 from rllib_arpo.learner.rl_module import DTYPES, hf_state_dict, load_reference_model, sequence_logprobs
 from rllib_arpo.learner.rllib_compat import parameter_gradients, update_result, zero_gradients
 
 logger = logging.getLogger(__name__)
+RNG_STATES = "rng_states"
 
 
 class ARPOTorchLearner(TorchLearner):
@@ -69,6 +71,19 @@ class ARPOTorchLearner(TorchLearner):
         """The module's state dict on learner rank 0, None on the others (every learner calls
         this: a sharded backend gathers the parameters collectively)."""
         return self.module[module_id].get_state() if data_parallel_rank() == 0 else None
+
+    def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
+        """RLlib's learner state plus the process's random number generator states."""
+        state = super().get_state(components, not_components=not_components, **kwargs)
+        if components is None:
+            state[RNG_STATES] = rng_states()
+        return state
+
+    def set_state(self, state: dict) -> None:
+        state = dict(state)
+        if RNG_STATES in state:
+            set_rng_states(state.pop(RNG_STATES))
+        super().set_state(state)
 
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out) -> torch.Tensor:
         loss, _ = self._policy_loss(module_id, config, batch, fwd_out)

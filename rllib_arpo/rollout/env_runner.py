@@ -34,14 +34,27 @@ from rllib_arpo.rollout.tree_rollout import TreeRollout
 from rllib_arpo.tools.base import ToolExecutor, build_tools
 
 
+@dataclass(frozen=True)
+class DataPosition:
+    """Where an EnvRunner stands in its dataset shard: ``sample()`` calls made (the k-th call's
+    rollout is seeded with k) and prompts drawn. Restoring it makes the runner continue with the
+    same prompts and the same random streams."""
+
+    samples: int = 0
+    prompts: int = 0
+
+
 @dataclass
 class RolloutBatch:
-    """What one ``sample()`` returns: one tree per prompt and the reward of each trajectory."""
+    """What one ``sample()`` returns: one tree per prompt and the reward of each trajectory, and
+    the runner's data position after this sample."""
 
     trees: list[RolloutTree]
     rewards: list[np.ndarray]
     weights_version: int
     pad_token_id: int
+    runner_index: int = 0
+    position: DataPosition = DataPosition()
 
 
 def build_engine(config):
@@ -84,12 +97,24 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         settings = from_config(RolloutSettings, cfg)
         self.rollout = TreeRollout(self.engine, self.tools, settings.branching_policy(), settings)
         self.reward_settings = from_config(RewardSettings, cfg)
-        shard = max((self.worker_index or 0) - 1, 0)
-        self.prompts = PromptStream(
-            load_dataset(cfg.dataset), seed=cfg.seed or 0, index=shard, count=max(self.num_workers, 1)
-        )
+        self._examples = load_dataset(cfg.dataset)
+        self.prompts = self._prompt_stream()
+        self.position = DataPosition()
         self._seed = (cfg.seed or 0) * 1000 + (self.worker_index or 0)
-        self._num_samples = 0
+
+    def _prompt_stream(self) -> PromptStream:
+        """This runner's shard of the dataset, from its beginning."""
+        shard = max((self.worker_index or 0) - 1, 0)
+        return PromptStream(self._examples, seed=self.config.seed or 0, index=shard, count=max(self.num_workers, 1))
+
+    def seek(self, position: DataPosition) -> None:
+        """Continue from ``position``: the shard is read again from its beginning up to there."""
+        if position == self.position:
+            return
+        self.prompts = self._prompt_stream()
+        if position.prompts:
+            self.prompts.next_batch(position.prompts)
+        self.position = position
 
     # --- RLlib EnvRunner API --------------------------------------------------------------
     def sample(self, **kwargs) -> RolloutBatch:
@@ -99,12 +124,14 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
             self.prompts, self.tokenizer, cfg.prompts_per_env_runner, cfg.max_prompt_tokens
         )
         self.metrics.log_value("prompts_skipped_too_long", skipped, window=1)
-        self._num_samples += 1
-        trees, stats = self.rollout.run(prompts, seed=self._seed * 100_003 + self._num_samples)
+        drawn = len(examples) + skipped  # skipped prompts were drawn from the shard too
+        self.position = DataPosition(self.position.samples + 1, self.position.prompts + drawn)
+        trees, stats = self.rollout.run(prompts, seed=self._seed * 100_003 + self.position.samples)
         scores = score_trees(trees, examples, self.tokenizer, self.reward_settings, tuple(self.tools.tools))
         rewards = [np.array([s.reward for s in tree_scores]) for tree_scores in scores]
         self._log_rollout_metrics(trees, scores, stats, time.perf_counter() - start)
-        return RolloutBatch(trees, rewards, self.engine.weights_version, self.tokenizer.pad_token_id)
+        version, pad = self.engine.weights_version, self.tokenizer.pad_token_id
+        return RolloutBatch(trees, rewards, version, pad, self.worker_index or 0, self.position)
 
     def _log_rollout_metrics(self, trees, scores, stats, seconds: float) -> None:
         """One value per metric and ``sample()`` call (window 1: the latest iteration)."""
@@ -150,11 +177,14 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         assert self.engine is not None and self.prompts is not None, "ARPOEnvRunner is not set up"
 
     def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
-        return {"weights_version": self.engine.weights_version}
+        return {"weights_version": self.engine.weights_version, "data_position": self.position}
 
     def set_state(self, state: dict) -> None:
-        """Load ``{"weights": state_dict | ObjectRef, "weights_version": v}``. RLlib's own weight
-        sync (``rl_module``) carries no weights (``CausalLMModule.get_state``) and is ignored."""
+        """Load ``{"weights": state_dict | ObjectRef, "weights_version": v}`` and/or move to
+        ``{"data_position": DataPosition}``. RLlib's own weight sync (``rl_module``) carries no
+        weights (``CausalLMModule.get_state``) and is ignored."""
+        if "data_position" in state:
+            self.seek(state["data_position"])
         if "weights" in state:
             weights = state["weights"]
             if isinstance(weights, ray.ObjectRef):
