@@ -15,7 +15,8 @@ algorithm with another advantage estimator, policy loss, branching rule or budge
 from __future__ import annotations
 
 import time
-from dataclasses import fields
+import traceback
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +38,27 @@ from rllib_arpo.learner.packing import pad_rows
 from rllib_arpo.learner.rl_module import CausalLMModule
 from rllib_arpo.learner.rllib_compat import thawed
 from rllib_arpo.learner.torch_learner import ARPOTorchLearner
-from rllib_arpo.rollout.env_runner import ARPOEnvRunner, DataPosition
+from rllib_arpo.rollout.env_runner import ARPOEnvRunner, DataPosition, RolloutBatch
 
 DEEPSPEED_DIRECTORY = "deepspeed"
+MAX_SAMPLE_ATTEMPTS = 3
+RESTART_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class SampleFailure:
+    """An exception raised inside an EnvRunner's ``sample()``, sent back as a value: RLlib would
+    otherwise end the actor and, with restarts on, only log the error."""
+
+    runner_index: int
+    traceback: str
+
+
+def _sample_or_failure(runner) -> RolloutBatch | SampleFailure:
+    try:
+        return runner.sample()
+    except Exception:
+        return SampleFailure(runner.worker_index, traceback.format_exc())
 
 
 class ARPOConfig(AlgorithmConfig):
@@ -68,7 +87,10 @@ class ARPOConfig(AlgorithmConfig):
         # RLlib: no env, our EnvRunner and Learner, no numpy weight round trips
         self.env_runner_cls = ARPOEnvRunner
         self.num_env_runners = 0
-        self.restart_failed_env_runners = False
+        # a remote EnvRunner whose process dies is restarted and sampled again (ARPO.sample_rollouts);
+        # an exception inside sample() is raised in the driver all the same
+        self.restart_failed_env_runners = True
+        self.delay_between_env_runner_restarts_s = 5.0
         self.create_env_on_local_worker = False
 
     # --- fluent setters: one per group of config_fields.CONFIG_GROUPS -------------------------
@@ -194,9 +216,7 @@ class ARPO(Algorithm):
         if cfg.held_out_interval and self.iteration == 0:
             self.evaluate_held_out(after_iteration=0)
         # 1. sample trajectory trees with rewards on every EnvRunner
-        batches = self.env_runner_group.foreach_env_runner(
-            lambda runner: runner.sample(), local_env_runner=cfg.num_env_runners == 0
-        )
+        batches = self.sample_rollouts()
         runner_metrics = self.env_runner_group.foreach_env_runner(
             lambda runner: runner.get_metrics(), local_env_runner=cfg.num_env_runners == 0
         )
@@ -231,6 +251,55 @@ class ARPO(Algorithm):
         self.metrics.log_value("trained_tokens", num_tokens, window=1)
         if cfg.held_out_interval and (self.iteration + 1) % cfg.held_out_interval == 0:
             self.evaluate_held_out(after_iteration=self.iteration + 1)
+
+    def sample_rollouts(self) -> list[RolloutBatch]:
+        """One ``sample()`` on every EnvRunner.
+
+        A remote EnvRunner whose process dies meanwhile (killed, out of memory, a lost node) is
+        restarted by Ray, put back at the current weights and at its data position before that
+        ``sample()``, and sampled again: its prompts are neither lost nor trained twice, and the
+        rollout is the one it would have made. An exception inside ``sample()`` is raised here,
+        with the EnvRunner's traceback."""
+        if self.config.num_env_runners == 0:
+            return [self.env_runner.sample()]
+        runner_ids = list(range(1, self.config.num_env_runners + 1))
+        batches: dict[int, RolloutBatch] = {}
+        for _ in range(MAX_SAMPLE_ATTEMPTS):
+            pending = [i for i in runner_ids if i not in batches]
+            for result in self.env_runner_group.foreach_env_runner(
+                _sample_or_failure, local_env_runner=False, remote_worker_ids=pending
+            ):
+                if isinstance(result, SampleFailure):
+                    raise RuntimeError(f"EnvRunner {result.runner_index} failed in sample():\n{result.traceback}")
+                batches[result.runner_index] = result
+            if len(batches) == len(runner_ids):
+                return [batches[i] for i in runner_ids]
+            self._wait_for_restarts([i for i in runner_ids if i not in batches])
+        missing = [i for i in runner_ids if i not in batches]
+        raise RuntimeError(
+            f"EnvRunner(s) {missing} died in sample() {MAX_SAMPLE_ATTEMPTS} times in a row (with "
+            "restart_failed_env_runners on); their logs are Ray's worker-*.err files"
+        )
+
+    def _wait_for_restarts(self, runner_ids: list[int]) -> None:
+        """Probe until Ray has restarted the EnvRunners (a new process loads its engine first)."""
+        deadline = time.monotonic() + RESTART_TIMEOUT_S
+        while time.monotonic() < deadline:
+            self.restore_env_runners(self.env_runner_group)
+            if set(runner_ids) <= set(self.env_runner_group.healthy_env_runner_ids()):
+                return
+            time.sleep(1.0)
+        raise RuntimeError(f"EnvRunner(s) {runner_ids} did not come back within {RESTART_TIMEOUT_S} s")
+
+    def restore_env_runners(self, env_runner_group) -> list[int]:
+        """RLlib's check for restarted EnvRunners (after every iteration, and when a sample was
+        lost), then ARPO's state for each: the current weights and its data position."""
+        restored = env_runner_group.probe_unhealthy_env_runners()
+        if restored:
+            self.metrics.log_value("env_runner_restarts", len(restored), reduce="sum")
+            self.push_data_positions(restored)
+            self.push_policy_weights(restored)
+        return restored
 
     def evaluate_held_out(self, after_iteration: int) -> None:
         """Run the held-out split on one EnvRunner with the weights after ``after_iteration``
@@ -274,22 +343,25 @@ class ARPO(Algorithm):
             self.learner_group.foreach_learner(lambda learner: learner.load_engines(directory))
             self.push_policy_weights()
 
-    def push_data_positions(self) -> None:
-        """Move every EnvRunner to its recorded data position (after a restore or a restart)."""
+    def push_data_positions(self, runner_ids: list[int] | None = None) -> None:
+        """Move every EnvRunner (or the remote ones of ``runner_ids``) to its data position after
+        its last sample that reached the learner (after a restore or a restart)."""
         positions = self.data_positions
 
         def seek(runner):
             runner.seek(positions.get(runner.worker_index or 0, DataPosition()))
 
-        self.env_runner_group.foreach_env_runner(seek, local_env_runner=self.config.num_env_runners == 0)
+        local = self.config.num_env_runners == 0
+        self.env_runner_group.foreach_env_runner(seek, local_env_runner=local, remote_worker_ids=runner_ids)
 
     def sync_policy_weights(self) -> None:
         """Send the learner's current weights to every EnvRunner as version ``weights_version + 1``."""
         self.weights_version += 1
         self.push_policy_weights()
 
-    def push_policy_weights(self) -> None:
-        """Send the learner's current weights to every EnvRunner, labelled ``weights_version``."""
+    def push_policy_weights(self, runner_ids: list[int] | None = None) -> None:
+        """Send the learner's current weights to every EnvRunner (or the remote ones of
+        ``runner_ids``), labelled ``weights_version``."""
         remote = self.config.num_env_runners > 0
         weights = policy_weights(self.learner_group, as_object_ref=remote)
         if not remote:
@@ -298,7 +370,9 @@ class ARPO(Algorithm):
         if not isinstance(weights, ray.ObjectRef):  # a local learner: one copy into the object store
             weights = ray.put(weights)
         state = {"weights": weights, "weights_version": self.weights_version}
-        self.env_runner_group.foreach_env_runner(lambda runner: runner.set_state(state), local_env_runner=False)
+        self.env_runner_group.foreach_env_runner(
+            lambda runner: runner.set_state(state), local_env_runner=False, remote_worker_ids=runner_ids
+        )
 
 
 TRAINABLES: dict[str, type[Algorithm]] = {"ARPO": ARPO}

@@ -147,3 +147,51 @@ def learner_memory_of_config(config: Any, sequence_length: int | None = None) ->
         gradient_checkpointing=config.gradient_checkpointing,
         logprob_chunk_size=config.logprob_chunk_size,
     )
+
+
+class LearnerOutOfMemoryError(RuntimeError):
+    """The learner ran out of memory; the message names the settings that lower its need."""
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """torch's out-of-memory error on a GPU, or a failed allocation on the CPU."""
+    import torch
+
+    text = str(error)
+    return isinstance(error, torch.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text.lower())
+    )
+
+
+def out_of_memory_advice(config: Any, rows: int, length: int) -> str:
+    """What to change when one micro-batch of ``rows`` x ``length`` tokens did not fit, each knob
+    with its current value, most effective first; with the estimate of the current layout."""
+    knobs = [
+        f"micro_batch_size: {config.micro_batch_size} -> {max(config.micro_batch_size // 2, 1)} (rows per "
+        "forward/backward; the update stays the same)",
+    ]
+    if config.logprob_chunk_size is None:
+        knobs.append("logprob_chunk_size: null -> 1024 (no full [tokens, vocab] float32 logits)")
+    if not config.gradient_checkpointing:
+        knobs.append("gradient_checkpointing: false -> true (recompute activations in the backward pass)")
+    if config.dtype == "float32":
+        knobs.append("dtype: float32 -> bfloat16 (with master_weights: true it still learns at small lr)")
+    if config.learner_backend == "torch":
+        knobs.append("learner_backend: deepspeed with zero_stage: 2 or 3 and num_learners >= 2 (partitions optimizer "
+                     "states, gradients, weights)")  # fmt: skip
+    else:
+        if config.zero_stage < 3:
+            knobs.append(f"zero_stage: {config.zero_stage} -> 3 (partitions the weights too)")
+        if not config.zero_offload:
+            knobs.append("zero_offload: false -> true (optimizer states in CPU memory)")
+    knobs.append(
+        f"max_response_tokens: {config.max_response_tokens} (the longest row; this micro-batch had {length} tokens)"
+    )
+    lines = [f"the learner ran out of memory on a micro-batch of {rows} rows x {length} tokens. Settings to change:"]
+    lines += [f"  - {knob}" for knob in knobs]
+    try:
+        estimate = learner_memory_of_config(config, sequence_length=length)
+        lines += ["Estimated learner memory per GPU now (learner.memory):", estimate.table()]
+    except Exception:  # the estimate is a help, never a second error
+        pass
+    return "\n".join(lines)

@@ -36,6 +36,7 @@ from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from rllib_arpo.core.losses import compute_policy_loss
 from rllib_arpo.learner.checkpoint import rng_states, set_rng_states
 from rllib_arpo.learner.distributed import data_parallel_rank, data_parallel_size, global_sum
+from rllib_arpo.learner.memory import LearnerOutOfMemoryError, is_out_of_memory, out_of_memory_advice
 from rllib_arpo.learner.rl_module import DTYPES, hf_state_dict, load_reference_model, sequence_logprobs
 from rllib_arpo.learner.rllib_compat import parameter_gradients, update_result, zero_gradients
 
@@ -124,7 +125,14 @@ class ARPOTorchLearner(TorchLearner):
         loss_per_module = {}
         for mid, module_batch in batch.items():
             config = self.config.get_config_for_module(mid)
-            loss_per_module[mid] = self._accumulate_gradients(mid, config, module_batch)
+            try:
+                loss_per_module[mid] = self._accumulate_gradients(mid, config, module_batch)
+            except RuntimeError as error:
+                if not is_out_of_memory(error):
+                    raise
+                rows = min(config.micro_batch_size, module_batch["input_ids"].shape[0])
+                advice = out_of_memory_advice(config, rows, module_batch["input_ids"].shape[1])
+                raise LearnerOutOfMemoryError(advice) from error
         self._optimizer_step(loss_per_module)
         return update_result(loss_per_module)
 

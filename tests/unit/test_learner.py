@@ -283,3 +283,30 @@ def test_chunked_logprobs_give_the_same_loss_gradients_and_entropies(model_dir, 
     expected_gradients = gradients(learner, batch)
     for name, grad in gradients(chunked, batch).items():
         torch.testing.assert_close(grad, expected_gradients[name], atol=1e-6, rtol=0, msg=name)
+
+
+def test_out_of_memory_names_the_settings_to_change(model_dir, monkeypatch):
+    from rllib_arpo.learner.memory import LearnerOutOfMemoryError
+
+    learner = build_learner(model_dir, micro_batch_size=4)
+    batch = training_batch(learner)
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(module_of(learner), "forward_train", out_of_memory)
+    with pytest.raises(LearnerOutOfMemoryError) as caught:
+        update(learner, batch)
+    message = str(caught.value)
+    assert "out of memory on a micro-batch of 4 rows x 11 tokens" in message  # ROWS' longest: 3 + 8
+    for knob in ("micro_batch_size: 4 -> 2", "logprob_chunk_size: null -> 1024",
+                 "gradient_checkpointing: false -> true", "dtype: float32 -> bfloat16", "learner_backend: deepspeed",
+                 "max_response_tokens: 512"):  # fmt: skip
+        assert knob in message, knob
+    assert "GiB per GPU" in message  # the estimate of the current layout
+    assert isinstance(caught.value.__cause__, torch.OutOfMemoryError)
+
+    # any other error passes through as it is
+    monkeypatch.setattr(module_of(learner), "forward_train", lambda *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        update(learner, batch)
