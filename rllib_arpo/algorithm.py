@@ -38,6 +38,7 @@ from rllib_arpo.learner.packing import pad_rows
 from rllib_arpo.learner.rl_module import CausalLMModule
 from rllib_arpo.learner.rllib_compat import thawed
 from rllib_arpo.learner.torch_learner import ARPOTorchLearner
+from rllib_arpo.metrics_export import RayMetricsExporter
 from rllib_arpo.rollout.env_runner import ARPOEnvRunner, DataPosition, RolloutBatch
 
 DEEPSPEED_DIRECTORY = "deepspeed"
@@ -210,6 +211,15 @@ class ARPO(Algorithm):
         self.weights_version = 0
         # EnvRunner index -> DataPosition after its last sample() that reached the learner
         self.data_positions: dict[int, DataPosition] = {}
+        self.ray_metrics: RayMetricsExporter | None = None
+
+    def step(self) -> dict:
+        """One iteration (RLlib's ``Algorithm.step``), its key metrics then set as Ray metrics."""
+        result = super().step()
+        if self.ray_metrics is None:  # tagged with the trial's directory, as in TensorBoard
+            self.ray_metrics = RayMetricsExporter(trial=Path(self.logdir).name)
+        self.ray_metrics.export(result)
+        return result
 
     def training_step(self) -> None:
         cfg = self.config

@@ -23,21 +23,55 @@ from typing import Any
 import yaml
 
 DEFAULT_STORAGE = "~/ray_results"
-EXPERIMENT_KEYS = {"run", "stop", "config", "checkpoint_config", "storage_path", "num_samples"}
+EXPERIMENT_KEYS = {"run", "stop", "config", "checkpoint_config", "storage_path", "num_samples", "scheduler"}
 
 
 class ConfigError(ValueError):
     """A problem in the experiment file, reported without a traceback."""
 
 
-def _grid_search_to_tune(value: Any) -> Any:
+SEARCH_SPACES = ("grid_search", "choice", "uniform", "loguniform", "randint")
+"""``{name: values}`` on a config field makes a Tune search space: ``grid_search: [a, b]`` (every
+value), ``choice: [a, b]``, ``uniform: [low, high]``, ``loguniform: [low, high]``,
+``randint: [low, high)`` (one draw per sample, ``num_samples`` samples)."""
+SCHEDULERS = ("asha",)
+
+
+def is_search_space(value: Any) -> bool:
+    return isinstance(value, dict) and len(value) == 1 and next(iter(value)) in SEARCH_SPACES
+
+
+def _search_space_to_tune(value: Any) -> Any:
     from ray import tune
 
+    if is_search_space(value):
+        [(kind, values)] = value.items()
+        if kind in ("grid_search", "choice"):
+            return getattr(tune, kind)(list(values))
+        return getattr(tune, kind)(*values)
     if isinstance(value, dict):
-        if set(value) == {"grid_search"}:
-            return tune.grid_search(list(value["grid_search"]))
-        return {k: _grid_search_to_tune(v) for k, v in value.items()}
+        return {k: _search_space_to_tune(v) for k, v in value.items()}
     return value
+
+
+def _scheduler(spec: dict | None, name: str):
+    """``scheduler: {type: asha, metric: ..., mode: max, grace_period: ..., reduction_factor: ...,
+    max_t: ...}`` -> Tune's ASHA scheduler (time in training iterations)."""
+    if not spec:
+        return None
+    from ray.tune.schedulers import ASHAScheduler
+
+    options = dict(spec)
+    kind = options.pop("type", None)
+    if kind not in SCHEDULERS:
+        raise ConfigError(f"experiment {name!r}: unknown scheduler type {kind!r}; known: {list(SCHEDULERS)}")
+    missing = {"metric", "mode"} - set(options)
+    if missing:
+        raise ConfigError(f"experiment {name!r}: scheduler needs {sorted(missing)}")
+    try:
+        return ASHAScheduler(time_attr="training_iteration", **options)
+    except TypeError as error:
+        raise ConfigError(f"experiment {name!r}: bad scheduler option: {error}") from None
 
 
 def load_experiments(
@@ -102,7 +136,7 @@ def train_file(
     for name, experiment in experiments.items():
         config = TRAINABLES[experiment["run"]].get_default_config()
         param_space = config.to_dict()
-        param_space.update(_grid_search_to_tune(experiment.get("config") or {}))
+        param_space.update(_search_space_to_tune(experiment.get("config") or {}))
         storage = Path(storage_path or experiment.get("storage_path") or DEFAULT_STORAGE).expanduser().resolve()
         if resume:
             tuner = _restored_tuner(storage / name, experiment["run"], param_space)
@@ -118,7 +152,10 @@ def train_file(
                 experiment["run"],
                 param_space=param_space,
                 run_config=run_config,
-                tune_config=tune.TuneConfig(num_samples=experiment.get("num_samples", 1)),
+                tune_config=tune.TuneConfig(
+                    num_samples=experiment.get("num_samples", 1),
+                    scheduler=_scheduler(experiment.get("scheduler"), name),
+                ),
             )
         results = tuner.fit()
         failed += sum(1 for result in results if result.error)

@@ -62,13 +62,13 @@ class ARPOTorchLearner(TorchLearner):
         learner rank 0 (None on the others); in the object store with ``as_object_ref``. Tensors
         already in that dtype are the parameters themselves (no copy): clone them to keep a
         snapshot."""
-        state = self._full_module_state(module_id)
+        state = self.full_module_state(module_id)
         if state is None:
             return None
         weights = {name: tensor.to(DTYPES[self.config.dtype]) for name, tensor in hf_state_dict(state).items()}
         return ray.put(weights) if as_object_ref else weights
 
-    def _full_module_state(self, module_id) -> dict[str, torch.Tensor] | None:
+    def full_module_state(self, module_id) -> dict[str, torch.Tensor] | None:
         """The module's state dict on learner rank 0, None on the others (every learner calls
         this: a sharded backend gathers the parameters collectively)."""
         return self.module[module_id].get_state() if data_parallel_rank() == 0 else None

@@ -18,9 +18,19 @@ from dataclasses import dataclass
 
 import numpy as np
 import ray
-from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core import DEFAULT_AGENT_ID, DEFAULT_MODULE_ID
 from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.utils.checkpoints import Checkpointable
+from ray.rllib.utils.metrics import (
+    NUM_AGENT_STEPS_SAMPLED,
+    NUM_AGENT_STEPS_SAMPLED_LIFETIME,
+    NUM_ENV_STEPS_SAMPLED,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    NUM_EPISODES,
+    NUM_EPISODES_LIFETIME,
+    NUM_MODULE_STEPS_SAMPLED,
+    NUM_MODULE_STEPS_SAMPLED_LIFETIME,
+)
 
 from rllib_arpo.core.rewards import RewardSettings, accuracy
 from rllib_arpo.core.settings import from_config
@@ -165,6 +175,30 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         values.update(self.tools.pop_metrics())
         for key, value in values.items():
             self.metrics.log_value(key, float(value), window=1)
+        self._count_sampled_steps(generated, trajectories, len(trees))
+
+    def _count_sampled_steps(self, tokens: int, trajectories: int, prompts: int) -> None:
+        """RLlib's step counters, so its usual stop keys and throughputs work: an env step (and an
+        agent or module step) is a generated token (a token shared by several trajectories of a
+        tree counts once), an episode is a trajectory."""
+        counts = {
+            NUM_ENV_STEPS_SAMPLED: tokens,
+            (NUM_AGENT_STEPS_SAMPLED, DEFAULT_AGENT_ID): tokens,
+            (NUM_MODULE_STEPS_SAMPLED, DEFAULT_MODULE_ID): tokens,
+            NUM_EPISODES: trajectories,
+        }
+        for key, value in counts.items():
+            self.metrics.log_value(key, value, reduce="sum")
+        lifetime = {
+            NUM_ENV_STEPS_SAMPLED_LIFETIME: tokens,
+            (NUM_AGENT_STEPS_SAMPLED_LIFETIME, DEFAULT_AGENT_ID): tokens,
+            (NUM_MODULE_STEPS_SAMPLED_LIFETIME, DEFAULT_MODULE_ID): tokens,
+            NUM_EPISODES_LIFETIME: trajectories,
+            "num_prompts_sampled_lifetime": prompts,
+        }
+        for key, value in lifetime.items():
+            throughput = key == NUM_ENV_STEPS_SAMPLED_LIFETIME
+            self.metrics.log_value(key, value, reduce="lifetime_sum", with_throughput=throughput)
 
     def get_metrics(self) -> dict:
         return self.metrics.reduce()
