@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import ray
+import torch
 from ray import tune
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
@@ -40,6 +40,7 @@ from rllib_arpo.learner.rllib_compat import thawed
 from rllib_arpo.learner.torch_learner import ARPOTorchLearner
 from rllib_arpo.metrics_export import RayMetricsExporter
 from rllib_arpo.rollout.env_runner import ARPOEnvRunner, DataPosition, RolloutBatch
+from rllib_arpo.weight_sync import broadcast, open_broadcast_group, send_through_object_store
 
 DEEPSPEED_DIRECTORY = "deepspeed"
 MAX_SAMPLE_ATTEMPTS = 3
@@ -178,6 +179,11 @@ class ARPOConfig(AlgorithmConfig):
                 raise ValueError("model_path must name a save_pretrained directory (or 'tiny' for the embedded policy)")
             if not self.temperature > 0:
                 raise ValueError(f"temperature must be > 0 for RL sampling, got {self.temperature}")
+            if self.weight_sync == "broadcast" and self.engine == "vllm" and not torch.cuda.is_available():
+                raise ValueError(
+                    "weight_sync: broadcast with engine: vllm needs GPUs (vLLM's CPU backend cannot load weights in "
+                    "place); use weight_sync: object_store"
+                )
             if self.dtype == "float16" and self.master_weights and self.learner_backend == "torch":
                 raise ValueError(
                     "dtype float16 with master_weights needs loss scaling: use bfloat16, or learner_backend: "
@@ -212,6 +218,7 @@ class ARPO(Algorithm):
         # EnvRunner index -> DataPosition after its last sample() that reached the learner
         self.data_positions: dict[int, DataPosition] = {}
         self.ray_metrics: RayMetricsExporter | None = None
+        self.weight_layout = None  # weight_sync: broadcast: the group's WeightLayout once it is open
 
     def step(self) -> dict:
         """One iteration (RLlib's ``Algorithm.step``), its key metrics then set as Ray metrics."""
@@ -307,6 +314,7 @@ class ARPO(Algorithm):
         restored = env_runner_group.probe_unhealthy_env_runners()
         if restored:
             self.metrics.log_value("env_runner_restarts", len(restored), reduce="sum")
+            self.weight_layout = None  # a broadcast group with a new member: open a new one
             self.push_data_positions(restored)
             self.push_policy_weights(restored)
         return restored
@@ -371,18 +379,16 @@ class ARPO(Algorithm):
 
     def push_policy_weights(self, runner_ids: list[int] | None = None) -> None:
         """Send the learner's current weights to every EnvRunner (or the remote ones of
-        ``runner_ids``), labelled ``weights_version``."""
-        remote = self.config.num_env_runners > 0
-        weights = policy_weights(self.learner_group, as_object_ref=remote)
-        if not remote:
-            self.env_runner.set_state({"weights": weights, "weights_version": self.weights_version})
-            return
-        if not isinstance(weights, ray.ObjectRef):  # a local learner: one copy into the object store
-            weights = ray.put(weights)
-        state = {"weights": weights, "weights_version": self.weights_version}
-        self.env_runner_group.foreach_env_runner(
-            lambda runner: runner.set_state(state), local_env_runner=False, remote_worker_ids=runner_ids
-        )
+        ``runner_ids``), labelled ``weights_version``, the way ``weight_sync`` says."""
+        version = self.weights_version
+        if self.config.num_env_runners == 0:
+            self.env_runner.set_state({"weights": policy_weights(self.learner_group), "weights_version": version})
+        elif self.config.weight_sync == "object_store":
+            send_through_object_store(self.learner_group, self.env_runner_group, version, runner_ids)
+        else:  # broadcast: every engine takes part, restarted ones first join a new group
+            if self.weight_layout is None:
+                self.weight_layout = open_broadcast_group(self.learner_group, self.env_runner_group)
+            broadcast(self.learner_group, self.env_runner_group, self.weight_layout, version)
 
 
 TRAINABLES: dict[str, type[Algorithm]] = {"ARPO": ARPO}

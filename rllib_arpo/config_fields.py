@@ -23,6 +23,7 @@ from rllib_arpo.rollout.settings import RolloutSettings
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 LEARNER_BACKENDS = ("torch", "deepspeed")
+WEIGHT_SYNCS = ("object_store", "broadcast")
 ZERO_STAGES = (1, 2, 3)
 
 
@@ -185,6 +186,12 @@ class LearnerSettings:
     gradient_checkpointing: bool = setting(
         False, "Recompute each layer's activations in the backward pass: less memory, about a third more compute."
     )
+    weight_sync: str = setting(
+        "object_store",
+        "How new weights reach remote EnvRunners: `object_store` (learner rank 0 puts the tensors into Ray's object "
+        "store once, every EnvRunner reads them) or `broadcast` (a gloo/NCCL group from learner rank 0 to the "
+        "engines: no copies, no pickles; NCCL and the vLLM receiver untested without a GPU).",
+    )
     logprob_chunk_size: int | None = setting(
         None,
         "Log-probabilities over this many tokens at a time, each chunk's logits recomputed in the backward pass, so "
@@ -194,6 +201,8 @@ class LearnerSettings:
     def __post_init__(self) -> None:
         if self.learner_backend not in LEARNER_BACKENDS:
             raise ValueError(f"learner_backend must be one of {list(LEARNER_BACKENDS)}, got {self.learner_backend!r}")
+        if self.weight_sync not in WEIGHT_SYNCS:
+            raise ValueError(f"weight_sync must be one of {list(WEIGHT_SYNCS)}, got {self.weight_sync!r}")
         if self.zero_stage not in ZERO_STAGES:
             raise ValueError(f"zero_stage must be one of {list(ZERO_STAGES)}, got {self.zero_stage!r}")
         if not isinstance(self.deepspeed_config, dict):

@@ -140,13 +140,13 @@ class ARPODeepSpeedLearner(ARPOTorchLearner):
             if norm is not None:
                 self.metrics.log_value((mid, "gradients_default_optimizer_global_norm"), float(norm), window=1)
 
-    def full_module_state(self, module_id) -> dict[str, torch.Tensor] | None:
+    def full_module_state(self, module_id, *, on_device: bool = False) -> dict[str, torch.Tensor] | None:
         """ZeRO-3 partitions the parameters: every learner takes part in gathering them."""
         if self.config.zero_stage != 3:
-            return super().full_module_state(module_id)
+            return super().full_module_state(module_id, on_device=on_device)
         module = self.module[module_id]
         with import_deepspeed().zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
-            state = super().full_module_state(module_id)
+            state = super().full_module_state(module_id, on_device=on_device)
             # copies: the gathered tensors are freed when the parameters are partitioned again
             return None if state is None else {name: tensor.clone() for name, tensor in state.items()}
 

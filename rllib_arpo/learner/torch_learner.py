@@ -39,6 +39,7 @@ from rllib_arpo.learner.distributed import data_parallel_rank, data_parallel_siz
 from rllib_arpo.learner.memory import LearnerOutOfMemoryError, is_out_of_memory, out_of_memory_advice
 from rllib_arpo.learner.rl_module import DTYPES, hf_state_dict, load_reference_model, sequence_logprobs
 from rllib_arpo.learner.rllib_compat import parameter_gradients, update_result, zero_gradients
+from rllib_arpo.learner.weight_broadcast import WeightBroadcastGroup, WeightLayout, free_address
 
 logger = logging.getLogger(__name__)
 RNG_STATES = "rng_states"
@@ -57,21 +58,49 @@ class ARPOTorchLearner(TorchLearner):
         optimizer = torch.optim.AdamW(params, weight_decay=config.weight_decay)
         self.register_optimizer(module_id=module_id, optimizer=optimizer, params=params, lr_or_lr_schedule=config.lr)
 
-    def policy_weights(self, module_id, *, as_object_ref: bool = False):
+    def policy_weights(self, module_id, *, as_object_ref: bool = False, on_device: bool = False):
         """The module's weights under transformers' names, cast to the engines' ``dtype``, on
-        learner rank 0 (None on the others); in the object store with ``as_object_ref``. Tensors
-        already in that dtype are the parameters themselves (no copy): clone them to keep a
-        snapshot."""
-        state = self.full_module_state(module_id)
+        learner rank 0 (None on the others); in the object store with ``as_object_ref``; on the
+        learner's device with ``on_device`` (else in CPU memory). Tensors already in that dtype
+        and place are the parameters themselves (no copy): clone them to keep a snapshot."""
+        state = self.full_module_state(module_id, on_device=on_device)
         if state is None:
             return None
         weights = {name: tensor.to(DTYPES[self.config.dtype]) for name, tensor in hf_state_dict(state).items()}
         return ray.put(weights) if as_object_ref else weights
 
-    def full_module_state(self, module_id) -> dict[str, torch.Tensor] | None:
-        """The module's state dict on learner rank 0, None on the others (every learner calls
-        this: a sharded backend gathers the parameters collectively)."""
-        return self.module[module_id].get_state() if data_parallel_rank() == 0 else None
+    # --- weight_sync: broadcast (learner.weight_broadcast): rank 0 is the source ------------
+    def weight_group_address(self) -> tuple[str, int, str] | None:
+        """On rank 0: (IP address, free port, device type) for the broadcast group; else None."""
+        if data_parallel_rank() != 0:
+            return None
+        return (*free_address(), self.device.type)
+
+    def open_weight_group(self, address: str, port: int, world_size: int, backend: str) -> None:
+        if data_parallel_rank() == 0:
+            self._weight_group = WeightBroadcastGroup(address, port, 0, world_size, backend)
+
+    def broadcast_weights(self, module_id, layout: WeightLayout) -> None:
+        """Every learner calls this (a sharded backend gathers first); rank 0 sends the layout's
+        tensors in order."""
+        nccl = data_parallel_rank() == 0 and self._weight_group.backend == "nccl"
+        weights = self.policy_weights(module_id, on_device=nccl)
+        if weights is None:
+            return
+        layout.check_source(weights)
+        for name, _, _ in layout.tensors:
+            self._weight_group.broadcast(weights[name].contiguous())
+
+    def full_module_state(self, module_id, *, on_device: bool = False) -> dict[str, torch.Tensor] | None:
+        """The module's state dict on learner rank 0 (in CPU memory, or as it is on the learner's
+        device with ``on_device``), None on the others (every learner calls this: a sharded
+        backend gathers the parameters collectively)."""
+        if data_parallel_rank() != 0:
+            return None
+        module = self.module[module_id]
+        if on_device:
+            return {name: tensor.detach() for name, tensor in module.unwrapped().state_dict().items()}
+        return module.get_state()
 
     def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
         """RLlib's learner state plus the process's random number generator states."""

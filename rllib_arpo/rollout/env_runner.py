@@ -67,10 +67,16 @@ class RolloutBatch:
     position: DataPosition = DataPosition()
 
 
+VLLM_WEIGHT_RECEIVER = "rllib_arpo.rollout.vllm_weight_receiver.WeightReceiver"
+
+
 def build_engine(config):
     """The generation engine named by ``config.engine`` (``rollout.engine.ENGINES``)."""
     engine_class = ENGINES.get(config.engine)()
-    return engine_class.from_pretrained(config.model_path, dtype=DTYPES[config.dtype], **config.engine_options)
+    options = dict(config.engine_options)
+    if config.engine == "vllm" and config.weight_sync == "broadcast":
+        options.setdefault("worker_extension_cls", VLLM_WEIGHT_RECEIVER)
+    return engine_class.from_pretrained(config.model_path, dtype=DTYPES[config.dtype], **options)
 
 
 def next_prompts(stream: PromptStream, tokenizer, count: int, max_tokens: int | None):
@@ -224,6 +230,17 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
             if isinstance(weights, ray.ObjectRef):
                 weights = ray.get(weights)
             self.engine.update_weights(weights, state["weights_version"])
+
+    # --- weight_sync: broadcast (learner.weight_broadcast) --------------------------------
+    def weight_receivers(self) -> tuple[int, int, str]:
+        """(this runner's index, ranks its engine takes in the broadcast group, their device type)."""
+        return (self.worker_index, *self.engine.weight_receivers())
+
+    def open_weight_group(self, address: str, port: int, rank: int, world_size: int, backend: str):
+        return self.engine.open_weight_group(address, port, rank, world_size, backend)
+
+    def receive_weights(self, version: int) -> None:
+        self.engine.receive_weights(version)
 
     def get_ctor_args_and_kwargs(self):
         return (), {"config": self.config}

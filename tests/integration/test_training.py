@@ -28,17 +28,17 @@ def runner_weights(runner) -> tuple[int, dict[str, torch.Tensor]]:
     return runner.engine.weights_version, {k: v.detach().clone() for k, v in runner.engine.model.state_dict().items()}
 
 
-@pytest.mark.parametrize("num_env_runners, num_learners", [(1, 0), (2, 2)])
+@pytest.mark.parametrize("num_env_runners, num_learners, weight_sync", [(1, 0, "object_store"), (2, 2, "broadcast")])
 def test_two_iterations_sync_versioned_weights_to_remote_runners(
-    ray_session, small_config, num_env_runners, num_learners
+    ray_session, small_config, num_env_runners, num_learners, weight_sync
 ):
-    """One local learner, or two DDP learners (whose rank 0 puts the weights into the object
-    store itself), and one or two remote EnvRunners."""
+    """One local learner and the object store, or two DDP learners whose rank 0 broadcasts to
+    two remote EnvRunners over gloo: the engines hold the learner's weights, bit for bit."""
     # AdamW's decoupled weight decay changes every weight on every step, even while the untrained
     # policy's rewards are all equal (zero advantages), so the sync is observable from step one.
     config = (
         small_config.env_runners(num_env_runners=num_env_runners)
-        .learners(num_learners=num_learners, num_cpus_per_learner=1)
+        .learners(num_learners=num_learners, num_cpus_per_learner=1, weight_sync=weight_sync)
         .training(weight_decay=0.5)
     )
     algo = config.build_algo()
@@ -92,7 +92,13 @@ def test_tune_grid_over_tau_runs_two_trials(ray_session, small_config, tmp_path)
 
 
 def test_bfloat16_policy_syncs_to_a_remote_runner_without_numpy(ray_session, small_config):
-    config = small_config.policy(dtype="bfloat16").env_runners(num_env_runners=1).training(weight_decay=0.5)
+    # one remote learner: it puts the bf16 weights into the object store itself
+    config = (
+        small_config.policy(dtype="bfloat16")
+        .env_runners(num_env_runners=1)
+        .learners(num_learners=1, num_cpus_per_learner=1)
+        .training(weight_decay=0.5)
+    )
     algo = config.build_algo()
     try:
         algo.train()
