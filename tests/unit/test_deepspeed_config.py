@@ -1,6 +1,7 @@
 """The DeepSpeed config the learner builds from ARPOConfig (no DeepSpeed import, no processes)."""
 
 import pytest
+import torch
 
 from rllib_arpo.algorithm import ARPOConfig
 from rllib_arpo.learner.deepspeed_learner import ARPODeepSpeedLearner, deepspeed_config
@@ -44,4 +45,27 @@ def test_the_backend_field_picks_the_learner_class():
     assert config().learners(learner_backend="torch").get_default_learner_class().__name__ == "ARPOTorchLearner"
     bad = config().learners(zero_stage=4)
     with pytest.raises(ValueError, match=r"zero_stage must be one of \[1, 2, 3\], got 4"):
+        bad._validate_arpo()
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"learner_backend": "fsdp"}, r"learner_backend must be one of \['torch', 'deepspeed'\], got 'fsdp'"),
+        ({"weight_sync": "disk"}, r"weight_sync must be one of \['object_store', 'broadcast'\], got 'disk'"),
+        ({"logprob_chunk_size": 0}, "logprob_chunk_size must be >= 1"),
+        ({"deepspeed_config": [1]}, "deepspeed_config must be a mapping"),
+        ({"dtype": "float16", "learner_backend": "torch"}, "dtype float16 with master_weights needs loss scaling"),
+        pytest.param(
+            {"weight_sync": "broadcast", "engine": "vllm"},
+            "weight_sync: broadcast with engine: vllm needs GPUs",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="refused only without CUDA"),
+        ),
+    ],
+)
+def test_learner_fields_are_validated(fields, message):
+    bad = config()
+    for key, value in fields.items():
+        setattr(bad, key, value)
+    with pytest.raises(ValueError, match="ARPOConfig: " + message):
         bad._validate_arpo()
