@@ -2,10 +2,13 @@
 
 ``ARPO.training_step`` reads top to bottom as the data flow of one iteration:
 
-    sample trees (EnvRunners: engine + tools + branching + rewards)
+    sample trees (EnvRunners: engine + tools + branching + rewards; a dead one restarted, resampled)
       -> advantages (core.advantages registry, tree-aware)
-      -> learner update (ARPOTorchLearner: policy loss from core.losses)
-      -> weight sync (torch tensors, versioned) to every EnvRunner
+      -> learner update (ARPOTorchLearner or ARPODeepSpeedLearner, one or several: learner.group)
+      -> weight sync (torch tensors, versioned) to every EnvRunner (weight_sync.py)
+
+Checkpoints add what an exact resume needs (learner.checkpoint); each iteration's key metrics
+also go to the Ray dashboard (metrics_export).
 
 The baselines (GRPO, DAPO, Dr.GRPO, REINFORCE++, LOOP, GPPO, CISPO, AEPO) are the same
 algorithm with another advantage estimator, policy loss, branching rule or budget; see
@@ -260,7 +263,7 @@ class ARPO(Algorithm):
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
         self.metrics.log_value("learner_update_s", time.perf_counter() - start, window=1)
 
-        # 4. weight sync: torch tensors through the object store once, with a version number
+        # 4. weight sync, versioned: object store or broadcast from learner rank 0 (weight_sync)
         start = time.perf_counter()
         self.sync_policy_weights()
         self.metrics.log_value("weight_sync_s", time.perf_counter() - start, window=1)
