@@ -2,10 +2,13 @@
 
 ``ARPO.training_step`` reads top to bottom as the data flow of one iteration:
 
-    sample trees (EnvRunners: engine + tools + branching + rewards)
+    sample trees (EnvRunners: engine + tools + branching + rewards; a dead one restarted, resampled)
       -> advantages (core.advantages registry, tree-aware)
-      -> learner update (ARPOTorchLearner: policy loss from core.losses)
-      -> weight sync (torch tensors, versioned) to every EnvRunner
+      -> learner update (ARPOTorchLearner or ARPODeepSpeedLearner, one or several: learner.group)
+      -> weight sync (torch tensors, versioned) to every EnvRunner (weight_sync.py)
+
+Checkpoints add what an exact resume needs (learner.checkpoint); each iteration's key metrics
+also go to the Ray dashboard (metrics_export).
 
 The baselines (GRPO, DAPO, Dr.GRPO, REINFORCE++, LOOP, GPPO, CISPO, AEPO) are the same
 algorithm with another advantage estimator, policy loss, branching rule or budget; see
@@ -15,28 +18,52 @@ algorithm with another advantage estimator, policy loss, branching rule or budge
 from __future__ import annotations
 
 import time
-from dataclasses import fields
+import traceback
+from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-import ray
+import torch
 from ray import tune
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
-from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
-from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, LEARNER_RESULTS
 
 from rllib_arpo.config_fields import CONFIG_GROUPS
 from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
 from rllib_arpo.core.settings import default_of, from_config
 from rllib_arpo.eval.evaluate import evaluate_env_runner
+from rllib_arpo.learner.checkpoint import POLICY_DIRECTORY, export_policy
+from rllib_arpo.learner.group import policy_weights, update_learners
 from rllib_arpo.learner.packing import pad_rows
-from rllib_arpo.learner.rl_module import CausalLMModule, hf_state_dict
+from rllib_arpo.learner.rl_module import CausalLMModule
 from rllib_arpo.learner.rllib_compat import thawed
 from rllib_arpo.learner.torch_learner import ARPOTorchLearner
-from rllib_arpo.rollout.env_runner import ARPOEnvRunner
+from rllib_arpo.metrics_export import RayMetricsExporter
+from rllib_arpo.rollout.env_runner import ARPOEnvRunner, DataPosition, RolloutBatch
+from rllib_arpo.weight_sync import broadcast, open_broadcast_group, send_through_object_store
+
+DEEPSPEED_DIRECTORY = "deepspeed"
+MAX_SAMPLE_ATTEMPTS = 3
+RESTART_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class SampleFailure:
+    """An exception raised inside an EnvRunner's ``sample()``, sent back as a value: RLlib would
+    otherwise end the actor and, with restarts on, only log the error."""
+
+    runner_index: int
+    traceback: str
+
+
+def _sample_or_failure(runner) -> RolloutBatch | SampleFailure:
+    try:
+        return runner.sample()
+    except Exception:
+        return SampleFailure(runner.worker_index, traceback.format_exc())
 
 
 class ARPOConfig(AlgorithmConfig):
@@ -65,7 +92,10 @@ class ARPOConfig(AlgorithmConfig):
         # RLlib: no env, our EnvRunner and Learner, no numpy weight round trips
         self.env_runner_cls = ARPOEnvRunner
         self.num_env_runners = 0
-        self.restart_failed_env_runners = False
+        # a remote EnvRunner whose process dies is restarted and sampled again (ARPO.sample_rollouts);
+        # an exception inside sample() is raised in the driver all the same
+        self.restart_failed_env_runners = True
+        self.delay_between_env_runner_restarts_s = 5.0
         self.create_env_on_local_worker = False
 
     # --- fluent setters: one per group of config_fields.CONFIG_GROUPS -------------------------
@@ -97,9 +127,17 @@ class ARPOConfig(AlgorithmConfig):
 
     def training(self, **kwargs) -> ARPOConfig:
         """Set LearningSettings fields and RLlib's own training fields."""
-        ours = {f.name for f in fields(CONFIG_GROUPS["training"])}
-        self._set_group("training", {k: kwargs.pop(k) for k in list(kwargs) if k in ours})
-        super().training(**kwargs)
+        return self._set_group_and_rllib("training", super().training, kwargs)
+
+    def learners(self, **kwargs) -> ARPOConfig:
+        """Set LearnerSettings fields (learner_backend, zero_stage, ...) and RLlib's own learner
+        fields (``num_learners``, ``num_gpus_per_learner``, ...)."""
+        return self._set_group_and_rllib("learners", super().learners, kwargs)
+
+    def _set_group_and_rllib(self, group: str, rllib_setter, kwargs: dict) -> ARPOConfig:
+        ours = {f.name for f in fields(CONFIG_GROUPS[group])}
+        self._set_group(group, {k: kwargs.pop(k) for k in list(kwargs) if k in ours})
+        rllib_setter(**kwargs)
         return self
 
     def _set_group(self, group: str, fields_to_set: dict) -> ARPOConfig:
@@ -114,6 +152,10 @@ class ARPOConfig(AlgorithmConfig):
 
     # --- RLlib hooks ----------------------------------------------------------------------
     def get_default_learner_class(self):
+        if self.learner_backend == "deepspeed":
+            from rllib_arpo.learner.deepspeed_learner import ARPODeepSpeedLearner
+
+            return ARPODeepSpeedLearner
         return ARPOTorchLearner
 
     def get_default_rl_module_spec(self) -> RLModuleSpec:
@@ -121,7 +163,10 @@ class ARPOConfig(AlgorithmConfig):
 
     @property
     def _model_config_auto_includes(self) -> dict[str, Any]:
-        return {"model_path": self.model_path, "dtype": self.dtype}
+        return {
+            key: getattr(self, key)
+            for key in ("model_path", "dtype", "master_weights", "gradient_checkpointing", "logprob_chunk_size")
+        }
 
     def validate(self) -> None:
         super().validate()
@@ -137,6 +182,16 @@ class ARPOConfig(AlgorithmConfig):
                 raise ValueError("model_path must name a save_pretrained directory (or 'tiny' for the embedded policy)")
             if not self.temperature > 0:
                 raise ValueError(f"temperature must be > 0 for RL sampling, got {self.temperature}")
+            if self.weight_sync == "broadcast" and self.engine == "vllm" and not torch.cuda.is_available():
+                raise ValueError(
+                    "weight_sync: broadcast with engine: vllm needs GPUs (vLLM's CPU backend cannot load weights in "
+                    "place); use weight_sync: object_store"
+                )
+            if self.dtype == "float16" and self.master_weights and self.learner_backend == "torch":
+                raise ValueError(
+                    "dtype float16 with master_weights needs loss scaling: use bfloat16, or learner_backend: "
+                    "deepspeed (dynamic loss scaling)"
+                )
         except ValueError as error:
             raise ValueError(f"ARPOConfig: {error}") from None
 
@@ -163,19 +218,30 @@ class ARPO(Algorithm):
                     setattr(target, key, value)
         super().setup(config)
         self.weights_version = 0
+        # EnvRunner index -> DataPosition after its last sample() that reached the learner
+        self.data_positions: dict[int, DataPosition] = {}
+        self.ray_metrics: RayMetricsExporter | None = None
+        self.weight_layout = None  # weight_sync: broadcast: the group's WeightLayout once it is open
+
+    def step(self) -> dict:
+        """One iteration (RLlib's ``Algorithm.step``), its key metrics then set as Ray metrics."""
+        result = super().step()
+        if self.ray_metrics is None:  # tagged with the trial's directory, as in TensorBoard
+            self.ray_metrics = RayMetricsExporter(trial=Path(self.logdir).name)
+        self.ray_metrics.export(result)
+        return result
 
     def training_step(self) -> None:
         cfg = self.config
         if cfg.held_out_interval and self.iteration == 0:
             self.evaluate_held_out(after_iteration=0)
         # 1. sample trajectory trees with rewards on every EnvRunner
-        batches = self.env_runner_group.foreach_env_runner(
-            lambda runner: runner.sample(), local_env_runner=cfg.num_env_runners == 0
-        )
+        batches = self.sample_rollouts()
         runner_metrics = self.env_runner_group.foreach_env_runner(
             lambda runner: runner.get_metrics(), local_env_runner=cfg.num_env_runners == 0
         )
         self.metrics.aggregate(runner_metrics, key=ENV_RUNNER_RESULTS)
+        self.data_positions.update({batch.runner_index: batch.position for batch in batches})
         trees = [tree for batch in batches for tree in batch.trees]
         rewards = [reward for batch in batches for reward in batch.rewards]
 
@@ -188,21 +254,16 @@ class ARPO(Algorithm):
             return
         options = ADVANTAGE_ESTIMATORS.get(cfg.advantage_estimator).options_from(cfg)
         attributed = compute_advantages(cfg.advantage_estimator, trees, rewards, **options)
-        train_batch = SampleBatch(pad_rows(attributed.rows, attributed.advantages, batches[0].pad_token_id))
+        train_batch = pad_rows(attributed.rows, attributed.advantages, batches[0].pad_token_id)
         num_tokens = int(train_batch["loss_mask"].sum())
 
-        # 3. learner update
+        # 3. learner update (one learner, or DDP / DeepSpeed shards with the global token mean)
         start = time.perf_counter()
-        learner_results = self.learner_group.update(
-            batch=MultiAgentBatch({DEFAULT_MODULE_ID: train_batch}, env_steps=num_tokens),
-            num_epochs=cfg.num_epochs,
-            minibatch_size=cfg.minibatch_size,
-            shuffle_batch_per_epoch=cfg.minibatch_size is not None,
-        )
+        learner_results = update_learners(self.learner_group, train_batch, cfg)
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
         self.metrics.log_value("learner_update_s", time.perf_counter() - start, window=1)
 
-        # 4. weight sync: torch tensors through the object store once, with a version number
+        # 4. weight sync, versioned: object store or broadcast from learner rank 0 (weight_sync)
         start = time.perf_counter()
         self.sync_policy_weights()
         self.metrics.log_value("weight_sync_s", time.perf_counter() - start, window=1)
@@ -210,6 +271,56 @@ class ARPO(Algorithm):
         self.metrics.log_value("trained_tokens", num_tokens, window=1)
         if cfg.held_out_interval and (self.iteration + 1) % cfg.held_out_interval == 0:
             self.evaluate_held_out(after_iteration=self.iteration + 1)
+
+    def sample_rollouts(self) -> list[RolloutBatch]:
+        """One ``sample()`` on every EnvRunner.
+
+        A remote EnvRunner whose process dies meanwhile (killed, out of memory, a lost node) is
+        restarted by Ray, put back at the current weights and at its data position before that
+        ``sample()``, and sampled again: its prompts are neither lost nor trained twice, and the
+        rollout is the one it would have made. An exception inside ``sample()`` is raised here,
+        with the EnvRunner's traceback."""
+        if self.config.num_env_runners == 0:
+            return [self.env_runner.sample()]
+        runner_ids = list(range(1, self.config.num_env_runners + 1))
+        batches: dict[int, RolloutBatch] = {}
+        for _ in range(MAX_SAMPLE_ATTEMPTS):
+            pending = [i for i in runner_ids if i not in batches]
+            for result in self.env_runner_group.foreach_env_runner(
+                _sample_or_failure, local_env_runner=False, remote_worker_ids=pending
+            ):
+                if isinstance(result, SampleFailure):
+                    raise RuntimeError(f"EnvRunner {result.runner_index} failed in sample():\n{result.traceback}")
+                batches[result.runner_index] = result
+            if len(batches) == len(runner_ids):
+                return [batches[i] for i in runner_ids]
+            self._wait_for_restarts([i for i in runner_ids if i not in batches])
+        missing = [i for i in runner_ids if i not in batches]
+        raise RuntimeError(
+            f"EnvRunner(s) {missing} died in sample() {MAX_SAMPLE_ATTEMPTS} times in a row (with "
+            "restart_failed_env_runners on); their logs are Ray's worker-*.err files"
+        )
+
+    def _wait_for_restarts(self, runner_ids: list[int]) -> None:
+        """Probe until Ray has restarted the EnvRunners (a new process loads its engine first)."""
+        deadline = time.monotonic() + RESTART_TIMEOUT_S
+        while time.monotonic() < deadline:
+            self.restore_env_runners(self.env_runner_group)
+            if set(runner_ids) <= set(self.env_runner_group.healthy_env_runner_ids()):
+                return
+            time.sleep(1.0)
+        raise RuntimeError(f"EnvRunner(s) {runner_ids} did not come back within {RESTART_TIMEOUT_S} s")
+
+    def restore_env_runners(self, env_runner_group) -> list[int]:
+        """RLlib's check for restarted EnvRunners (after every iteration, and when a sample was
+        lost), then ARPO's state for each: the current weights and its data position."""
+        restored = env_runner_group.probe_unhealthy_env_runners()
+        if restored:
+            self.metrics.log_value("env_runner_restarts", len(restored), reduce="sum")
+            self.weight_layout = None  # a broadcast group with a new member: open a new one
+            self.push_data_positions(restored)
+            self.push_policy_weights(restored)
+        return restored
 
     def evaluate_held_out(self, after_iteration: int) -> None:
         """Run the held-out split on one EnvRunner with the weights after ``after_iteration``
@@ -223,39 +334,64 @@ class ARPO(Algorithm):
         for key, value in {**metrics, "after_iteration": after_iteration}.items():
             self.metrics.log_value(("evaluation", key), value, window=1)
 
+    # --- checkpoints (learner.checkpoint describes the layout) -----------------------------
     def get_state(self, *args, **kwargs) -> dict:
-        return {**super().get_state(*args, **kwargs), "weights_version": self.weights_version}
+        state = super().get_state(*args, **kwargs)
+        return {**state, "weights_version": self.weights_version, "data_positions": dict(self.data_positions)}
 
     def set_state(self, state: dict) -> None:
         super().set_state(state)
         self.weights_version = state.get("weights_version", self.weights_version)
-        self._label_runner_weights()
+        self.data_positions = dict(state.get("data_positions", self.data_positions))
+        self.push_data_positions()
+        self.push_policy_weights()
+
+    def save_to_path(self, path=None, *args, **kwargs) -> str:
+        """RLlib's checkpoint, DeepSpeed's partitions (``learner_backend: deepspeed``) and the
+        policy as a transformers directory under ``policy/``."""
+        path = super().save_to_path(path, *args, **kwargs)
+        if self.config.learner_backend == "deepspeed":
+            directory = str(Path(path) / DEEPSPEED_DIRECTORY)
+            self.learner_group.foreach_learner(lambda learner: learner.save_engines(directory))
+        weights = policy_weights(self.learner_group)
+        export_policy(weights, self.config.model_path, Path(path) / POLICY_DIRECTORY, self.config.dtype)
+        return path
 
     def restore_from_path(self, path, *args, **kwargs) -> None:
         super().restore_from_path(path, *args, **kwargs)
-        self._label_runner_weights()
+        if self.config.learner_backend == "deepspeed" and (Path(path) / DEEPSPEED_DIRECTORY).is_dir():
+            directory = str(Path(path) / DEEPSPEED_DIRECTORY)
+            self.learner_group.foreach_learner(lambda learner: learner.load_engines(directory))
+            self.push_policy_weights()
 
-    def _label_runner_weights(self) -> None:
-        """RLlib pushes restored learner weights to the EnvRunners as version 0 (RLlib's own
-        sync, after ``set_state`` too); give them the restored version number."""
-        version = self.weights_version
-        self.env_runner_group.foreach_env_runner(
-            lambda runner: runner.set_state({"weights_version": version}),
-            local_env_runner=self.config.num_env_runners == 0,
-        )
+    def push_data_positions(self, runner_ids: list[int] | None = None) -> None:
+        """Move every EnvRunner (or the remote ones of ``runner_ids``) to its data position after
+        its last sample that reached the learner (after a restore or a restart)."""
+        positions = self.data_positions
+
+        def seek(runner):
+            runner.seek(positions.get(runner.worker_index or 0, DataPosition()))
+
+        local = self.config.num_env_runners == 0
+        self.env_runner_group.foreach_env_runner(seek, local_env_runner=local, remote_worker_ids=runner_ids)
 
     def sync_policy_weights(self) -> None:
         """Send the learner's current weights to every EnvRunner as version ``weights_version + 1``."""
         self.weights_version += 1
-        module_state = self.learner_group.get_state(
-            components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{DEFAULT_MODULE_ID}"
-        )[COMPONENT_LEARNER][COMPONENT_RL_MODULE][DEFAULT_MODULE_ID]
-        state = {"weights": hf_state_dict(module_state), "weights_version": self.weights_version}
+        self.push_policy_weights()
+
+    def push_policy_weights(self, runner_ids: list[int] | None = None) -> None:
+        """Send the learner's current weights to every EnvRunner (or the remote ones of
+        ``runner_ids``), labelled ``weights_version``, the way ``weight_sync`` says."""
+        version = self.weights_version
         if self.config.num_env_runners == 0:
-            self.env_runner.set_state(state)
-            return
-        state["weights"] = ray.put(state["weights"])
-        self.env_runner_group.foreach_env_runner(lambda runner: runner.set_state(state), local_env_runner=False)
+            self.env_runner.set_state({"weights": policy_weights(self.learner_group), "weights_version": version})
+        elif self.config.weight_sync == "object_store":
+            send_through_object_store(self.learner_group, self.env_runner_group, version, runner_ids)
+        else:  # broadcast: every engine takes part, restarted ones first join a new group
+            if self.weight_layout is None:
+                self.weight_layout = open_broadcast_group(self.learner_group, self.env_runner_group)
+            broadcast(self.learner_group, self.env_runner_group, self.weight_layout, version)
 
 
 TRAINABLES: dict[str, type[Algorithm]] = {"ARPO": ARPO}

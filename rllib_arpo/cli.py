@@ -22,21 +22,56 @@ from typing import Any
 
 import yaml
 
-EXPERIMENT_KEYS = {"run", "stop", "config", "checkpoint_config", "storage_path", "num_samples"}
+DEFAULT_STORAGE = "~/ray_results"
+EXPERIMENT_KEYS = {"run", "stop", "config", "checkpoint_config", "storage_path", "num_samples", "scheduler"}
 
 
 class ConfigError(ValueError):
     """A problem in the experiment file, reported without a traceback."""
 
 
-def _grid_search_to_tune(value: Any) -> Any:
+SEARCH_SPACES = ("grid_search", "choice", "uniform", "loguniform", "randint")
+"""``{name: values}`` on a config field makes a Tune search space: ``grid_search: [a, b]`` (every
+value), ``choice: [a, b]``, ``uniform: [low, high]``, ``loguniform: [low, high]``,
+``randint: [low, high)`` (one draw per sample, ``num_samples`` samples)."""
+SCHEDULERS = ("asha",)
+
+
+def is_search_space(value: Any) -> bool:
+    return isinstance(value, dict) and len(value) == 1 and next(iter(value)) in SEARCH_SPACES
+
+
+def _search_space_to_tune(value: Any) -> Any:
     from ray import tune
 
+    if is_search_space(value):
+        [(kind, values)] = value.items()
+        if kind in ("grid_search", "choice"):
+            return getattr(tune, kind)(list(values))
+        return getattr(tune, kind)(*values)
     if isinstance(value, dict):
-        if set(value) == {"grid_search"}:
-            return tune.grid_search(list(value["grid_search"]))
-        return {k: _grid_search_to_tune(v) for k, v in value.items()}
+        return {k: _search_space_to_tune(v) for k, v in value.items()}
     return value
+
+
+def _scheduler(spec: dict | None, name: str):
+    """``scheduler: {type: asha, metric: ..., mode: max, grace_period: ..., reduction_factor: ...,
+    max_t: ...}`` -> Tune's ASHA scheduler (time in training iterations)."""
+    if not spec:
+        return None
+    from ray.tune.schedulers import ASHAScheduler
+
+    options = dict(spec)
+    kind = options.pop("type", None)
+    if kind not in SCHEDULERS:
+        raise ConfigError(f"experiment {name!r}: unknown scheduler type {kind!r}; known: {list(SCHEDULERS)}")
+    missing = {"metric", "mode"} - set(options)
+    if missing:
+        raise ConfigError(f"experiment {name!r}: scheduler needs {sorted(missing)}")
+    try:
+        return ASHAScheduler(time_attr="training_iteration", **options)
+    except TypeError as error:
+        raise ConfigError(f"experiment {name!r}: bad scheduler option: {error}") from None
 
 
 def load_experiments(
@@ -79,7 +114,16 @@ def load_experiments(
     return experiments
 
 
-def train_file(path: str, stop: dict | None = None, storage_path: str | None = None, config: dict | None = None) -> int:
+def train_file(
+    path: str,
+    stop: dict | None = None,
+    storage_path: str | None = None,
+    config: dict | None = None,
+    resume: bool = False,
+) -> int:
+    """Run every experiment of the file with Ray Tune; with ``resume``, continue each one from
+    its trials' latest checkpoints instead (after a crash, Ctrl-C or a preemption). Starts Ray
+    (and shuts it down at the end) unless it is already running."""
     import ray
     from ray import tune
 
@@ -87,25 +131,32 @@ def train_file(path: str, stop: dict | None = None, storage_path: str | None = N
     from rllib_arpo.eval.report import write_report
 
     experiments = load_experiments(path, stop, config)
+    owns_ray = not ray.is_initialized()
     failed = 0
     for name, experiment in experiments.items():
         config = TRAINABLES[experiment["run"]].get_default_config()
         param_space = config.to_dict()
-        param_space.update(_grid_search_to_tune(experiment.get("config") or {}))
-        storage = storage_path or experiment.get("storage_path")
-        run_config = tune.RunConfig(
-            name=name,
-            stop=experiment.get("stop"),
-            storage_path=str(Path(storage).resolve()) if storage else None,
-            checkpoint_config=tune.CheckpointConfig(**(experiment.get("checkpoint_config") or {})),
-            verbose=1,
-        )
-        tuner = tune.Tuner(
-            experiment["run"],
-            param_space=param_space,
-            run_config=run_config,
-            tune_config=tune.TuneConfig(num_samples=experiment.get("num_samples", 1)),
-        )
+        param_space.update(_search_space_to_tune(experiment.get("config") or {}))
+        storage = Path(storage_path or experiment.get("storage_path") or DEFAULT_STORAGE).expanduser().resolve()
+        if resume:
+            tuner = _restored_tuner(storage / name, experiment["run"], param_space)
+        else:
+            run_config = tune.RunConfig(
+                name=name,
+                stop=experiment.get("stop"),
+                storage_path=str(storage),
+                checkpoint_config=tune.CheckpointConfig(**(experiment.get("checkpoint_config") or {})),
+                verbose=1,
+            )
+            tuner = tune.Tuner(
+                experiment["run"],
+                param_space=param_space,
+                run_config=run_config,
+                tune_config=tune.TuneConfig(
+                    num_samples=experiment.get("num_samples", 1),
+                    scheduler=_scheduler(experiment.get("scheduler"), name),
+                ),
+            )
         results = tuner.fit()
         failed += sum(1 for result in results if result.error)
         for result in results:
@@ -118,9 +169,25 @@ def train_file(path: str, stop: dict | None = None, storage_path: str | None = N
             if result.path:
                 table, plot = write_report(result.path)
                 print(table + (f"\nplot: {plot}" if plot else ""))
-    if ray.is_initialized():
+    if owns_ray and ray.is_initialized():
         ray.shutdown()
     return 1 if failed else 0
+
+
+def _restored_tuner(experiment_path: Path, run: str, param_space: dict):
+    """Tune's experiment at ``experiment_path``, to be continued: unfinished and errored trials go
+    on from their latest checkpoint (model, optimizer, data position, RNG states), finished trials
+    stay finished."""
+    from ray import tune
+
+    if not tune.Tuner.can_restore(str(experiment_path)):
+        raise ConfigError(
+            f"--resume: no experiment to resume at {experiment_path} (run it once without --resume, "
+            "with the same --storage-path)"
+        )
+    return tune.Tuner.restore(
+        str(experiment_path), trainable=run, param_space=param_space, resume_unfinished=True, resume_errored=True
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,9 +200,14 @@ def main(argv: list[str] | None = None) -> int:
     from_file.add_argument("--stop", type=json.loads, help="JSON stop criteria, e.g. '{\"training_iteration\": 2}'")
     from_file.add_argument("--config", type=json.loads, help="JSON config overrides, e.g. '{\"lr\": 1e-4}'")
     from_file.add_argument("--storage-path", help="where Tune writes results (default ~/ray_results)")
+    from_file.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the experiment from its trials' latest checkpoints (set checkpoint_frequency in the file)",
+    )
     args = parser.parse_args(argv)
     try:
-        return train_file(args.config_file, args.stop, args.storage_path, args.config)
+        return train_file(args.config_file, args.stop, args.storage_path, args.config, resume=args.resume)
     except ConfigError as error:
         print(f"rllib: error: {error}", file=sys.stderr)
         return 2

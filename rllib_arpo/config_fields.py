@@ -22,6 +22,9 @@ from rllib_arpo.rollout.settings import RolloutSettings
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 KL_ESTIMATORS = ("k1", "k2", "k3")
+LEARNER_BACKENDS = ("torch", "deepspeed")
+WEIGHT_SYNCS = ("object_store", "broadcast")
+ZERO_STAGES = (1, 2, 3)
 
 
 def _at_least(values: dict[str, tuple[Any, float]]) -> None:
@@ -37,7 +40,11 @@ class PolicySettings:
     model_path: str | None = setting(
         None, "A `save_pretrained` directory, or `tiny` for the embedded policy built on first use."
     )
-    dtype: str = setting("float32", "Weights of the learner and the engines: `float32`, `bfloat16`, `float16`.")
+    dtype: str = setting(
+        "float32",
+        "`float32`, `bfloat16`, `float16`: the engines' weights and the learner's compute (its weights and "
+        "optimizer states stay float32 with `master_weights`).",
+    )
     engine: str = setting("hf", "Generation engine: `hf` (transformers, exact entropy) or `vllm` (prefix caching).")
     engine_options: dict = setting(
         {}, "Keyword arguments of the engine's constructor (vLLM: `gpu_memory_utilization`, ...)."
@@ -152,6 +159,58 @@ class LearningSettings:
         )
 
 
+@dataclass(frozen=True)
+class LearnerSettings:
+    """How the learners hold and update the policy (RLlib's own `num_learners`, `num_gpus_per_learner` apply too)."""
+
+    learner_backend: str = setting(
+        "torch",
+        "`torch`: RLlib's TorchLearner, PyTorch DDP when `num_learners` >= 2; `deepspeed`: a DeepSpeed ZeRO "
+        "engine replaces DDP and the optimizer (`pip install -e .[deepspeed]`).",
+    )
+    zero_stage: int = setting(
+        2, "DeepSpeed ZeRO stage: 1 partitions optimizer states, 2 also gradients, 3 also parameters."
+    )
+    zero_offload: bool = setting(
+        False, "DeepSpeed: keep optimizer states (stage 3: parameters too) in CPU memory instead of the GPU's."
+    )
+    deepspeed_config: dict = setting(
+        {}, "Entries merged (recursively) over the DeepSpeed config the learner builds from the fields above."
+    )
+    master_weights: bool = setting(
+        True,
+        "With `dtype` bfloat16/float16: the learner keeps float32 weights and AdamW states and computes in `dtype` "
+        "(autocast; DeepSpeed: its bf16/fp16 optimizer); the engines get `dtype` copies. false: AdamW on the "
+        "low-precision weights themselves (at lr 1e-6 most bf16 weights then never change).",
+    )
+    gradient_checkpointing: bool = setting(
+        False, "Recompute each layer's activations in the backward pass: less memory, about a third more compute."
+    )
+    weight_sync: str = setting(
+        "object_store",
+        "How new weights reach remote EnvRunners: `object_store` (learner rank 0 puts the tensors into Ray's object "
+        "store once, every EnvRunner reads them) or `broadcast` (a gloo/NCCL group from learner rank 0 to the "
+        "engines: no copies, no pickles; NCCL and the vLLM receiver untested without a GPU).",
+    )
+    logprob_chunk_size: int | None = setting(
+        None,
+        "Log-probabilities over this many tokens at a time, each chunk's logits recomputed in the backward pass, so "
+        "no [tokens, vocab] float32 tensor is held; null: all at once.",
+    )
+
+    def __post_init__(self) -> None:
+        if self.learner_backend not in LEARNER_BACKENDS:
+            raise ValueError(f"learner_backend must be one of {list(LEARNER_BACKENDS)}, got {self.learner_backend!r}")
+        if self.weight_sync not in WEIGHT_SYNCS:
+            raise ValueError(f"weight_sync must be one of {list(WEIGHT_SYNCS)}, got {self.weight_sync!r}")
+        if self.zero_stage not in ZERO_STAGES:
+            raise ValueError(f"zero_stage must be one of {list(ZERO_STAGES)}, got {self.zero_stage!r}")
+        if not isinstance(self.deepspeed_config, dict):
+            raise ValueError(f"deepspeed_config must be a mapping, got {self.deepspeed_config!r}")
+        if self.logprob_chunk_size is not None:
+            _at_least({"logprob_chunk_size": (self.logprob_chunk_size, 1)})
+
+
 CONFIG_GROUPS: dict[str, type] = {
     "policy": PolicySettings,
     "data": DataSettings,
@@ -160,6 +219,7 @@ CONFIG_GROUPS: dict[str, type] = {
     "rewards": RewardSettings,
     "held_out": HeldOutSettings,
     "training": LearningSettings,
+    "learners": LearnerSettings,
 }
 """Fluent setter of ``ARPOConfig`` -> the group of fields it sets."""
 

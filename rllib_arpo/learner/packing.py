@@ -40,3 +40,19 @@ def pad_rows(
         batch["advantages"][i, span] = adv
         batch["entropies"][i, span] = row.entropies
     return batch
+
+
+def shard_rows(batch: dict[str, np.ndarray], num_shards: int) -> list[dict[str, np.ndarray]]:
+    """Split a padded batch into ``num_shards`` consecutive shards of equal row count, one per
+    learner. Where the rows do not divide evenly, shards are topped up with copies of the last
+    row whose ``loss_mask`` is 0: they train nothing but give every learner the same number of
+    micro-batches, which DeepSpeed's per-micro-batch gradient reduction needs (and no learner is
+    left without rows)."""
+    rows = len(batch["input_ids"])
+    per_shard = -(-rows // num_shards)
+    missing = per_shard * num_shards - rows
+    if missing:
+        filler = {k: np.repeat(v[-1:], missing, axis=0) for k, v in batch.items()}
+        filler["loss_mask"] = np.zeros_like(filler["loss_mask"])
+        batch = {k: np.concatenate([v, filler[k]]) for k, v in batch.items()}
+    return [{k: v[i * per_shard : (i + 1) * per_shard] for k, v in batch.items()} for i in range(num_shards)]

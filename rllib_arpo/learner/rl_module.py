@@ -5,11 +5,14 @@ The module therefore takes placeholder gym spaces (RLlib needs some) and works o
 batches: ``forward_train`` returns log pi(x_t | x_<t) of every next token.
 
 Weights never pass through RLlib's numpy conversion (it breaks bf16 and copies the whole model):
-``get_state`` returns detached torch tensors and ``set_state`` loads them in place.
+``get_state`` returns detached torch tensors and ``set_state`` loads them in place. RLlib's own
+sync to the EnvRunners gets an empty state; ARPO syncs the weights itself.
 """
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -18,6 +21,8 @@ import torch
 from ray.rllib.core.rl_module.torch import TorchRLModule
 
 from rllib_arpo.core.entropy import entropy_from_logits
+from rllib_arpo.learner.checkpoint import WEIGHTS_FILE, load_weights, save_weights
+from rllib_arpo.learner.logprobs import chunked_token_logprobs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -34,14 +39,56 @@ def next_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.
     return logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
+def sequence_logprobs(
+    model: torch.nn.Module, batch: dict[str, Any], *, chunk_size: int | None = None, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi(x_t | x_<t) for t = 1..L-1 of padded rows ``input_ids`` [B, L]: ``[B, L-1]`` float32,
+    and (``with_entropy``, no gradient) the entropy of each of those next-token distributions.
+
+    ``chunk_size`` None: the model's full logits at once (any causal LM). Otherwise the final
+    hidden states go through the LM head ``chunk_size`` positions at a time, each chunk recomputed
+    in the backward pass (``learner.logprobs``): no full ``[B * L, V]`` float32 tensor exists.
+    """
+    input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
+    if chunk_size is None:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        entropy = None
+        if with_entropy:
+            with torch.no_grad():
+                entropy = entropy_from_logits(logits[:, :-1].float())
+        return next_token_logprobs(logits, input_ids), entropy
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    hidden = hidden.last_hidden_state[:, :-1]
+    rows, targets = input_ids.shape[0], input_ids.shape[1] - 1
+    logprobs, entropy = chunked_token_logprobs(
+        hidden.reshape(rows * targets, -1),
+        input_ids[:, 1:].reshape(-1),
+        model.get_output_embeddings(),
+        chunk_size=chunk_size,
+        with_entropy=with_entropy,
+    )
+    return logprobs.view(rows, targets), None if entropy is None else entropy.view(rows, targets)
+
+
+def load_reference_model(model_config: dict, device) -> torch.nn.Module:
+    """The frozen initial policy (for the KL penalty), in eval mode on ``device``."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = DTYPES[model_config.get("dtype", "float32")]
+    model = AutoModelForCausalLM.from_pretrained(model_config["model_path"], dtype=dtype).to(device).eval()
+    return model.requires_grad_(False)
+
+
 def hf_state_dict(module_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The module keeps the HF model under ``model.``; engines hold the bare HF model."""
     return {k.removeprefix("model."): v for k, v in module_state.items()}
 
 
 class CausalLMModule(TorchRLModule):
-    """``model_config``: ``model_path`` (a ``save_pretrained`` directory), ``dtype``
-    (``float32`` | ``bfloat16`` | ``float16``), ``gradient_checkpointing`` (bool)."""
+    """``model_config``: ``model_path`` (a ``save_pretrained`` directory), ``dtype`` (the compute
+    dtype: ``float32`` | ``bfloat16`` | ``float16``), ``master_weights`` (keep the weights in
+    float32 and compute in ``dtype`` under autocast), ``gradient_checkpointing`` (recompute each
+    layer's activations in the backward pass), ``logprob_chunk_size`` (``sequence_logprobs``)."""
 
     def setup(self) -> None:
         from transformers import AutoModelForCausalLM
@@ -49,26 +96,50 @@ class CausalLMModule(TorchRLModule):
         cfg = self.model_config or {}
         if not cfg.get("model_path"):
             raise ValueError("model_config['model_path'] must name a save_pretrained directory")
-        dtype = DTYPES[cfg.get("dtype", "float32")]
-        self.model = AutoModelForCausalLM.from_pretrained(cfg["model_path"], dtype=dtype)
+        self.compute_dtype = DTYPES[cfg.get("dtype", "float32")]
+        weights_dtype = torch.float32 if cfg.get("master_weights") else self.compute_dtype
+        self.model = AutoModelForCausalLM.from_pretrained(cfg["model_path"], dtype=weights_dtype)
         if cfg.get("gradient_checkpointing"):
-            self.model.gradient_checkpointing_enable()
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.logprob_chunk_size = cfg.get("logprob_chunk_size")
+
+    def _autocast(self):
+        """Autocast to the compute dtype while the weights are kept in another (float32 master
+        weights); nothing where they are already in it (DeepSpeed casts them itself)."""
+        weights_dtype = next(self.model.parameters()).dtype
+        if weights_dtype == self.compute_dtype:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=next(self.model.parameters()).device.type, dtype=self.compute_dtype)
 
     def _forward(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
-        logits = self.model(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
-        ).logits
-        out = {"logprobs": next_token_logprobs(logits, batch["input_ids"])}
-        if kwargs.get("with_entropy"):
-            with torch.no_grad():
-                out["entropy"] = entropy_from_logits(logits[:, :-1].float())
-        return out
+        with self._autocast():
+            logprobs, entropy = sequence_logprobs(
+                self.model, batch, chunk_size=self.logprob_chunk_size, with_entropy=kwargs.get("with_entropy", False)
+            )
+        return {"logprobs": logprobs} if entropy is None else {"logprobs": logprobs, "entropy": entropy}
 
     def _forward_train(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
         return self._forward(batch, **kwargs)
 
     def get_state(self, components=None, *, not_components=None, inference_only=False, **kwargs):
+        """The weights as detached CPU tensors; empty for ``inference_only``: that is what RLlib's
+        own weight sync to the EnvRunners asks for, and ARPO sends the weights itself (versioned,
+        in the engines' dtype, gathered where a backend shards them; ``algorithm.ARPO``)."""
+        if inference_only:
+            return {}
         return {k: v.detach().cpu() for k, v in self.state_dict().items()}
 
     def set_state(self, state: dict[str, torch.Tensor]) -> None:
         self.load_state_dict(state, strict=True)
+
+    def save_to_path(self, path=None, *, state=None, filesystem=None, use_msgpack=False) -> str:
+        """RLlib's checkpoint of the module, the weights written as safetensors (``model.safetensors``,
+        in the learner's own dtype) instead of a pickle."""
+        weights = state if state is not None else self.get_state()
+        marker = {"weights_file": WEIGHTS_FILE}
+        path = super().save_to_path(path, state=marker, filesystem=filesystem, use_msgpack=use_msgpack)
+        save_weights(weights, Path(path) / WEIGHTS_FILE)
+        return path
+
+    def restore_from_path(self, path, *, component=None, filesystem=None, **kwargs) -> None:
+        self.set_state(load_weights(Path(path) / WEIGHTS_FILE))

@@ -17,6 +17,11 @@ Private RLlib names used, and what they are in Ray 2.60:
     It returns ``(fwd_out, loss_per_module, tensor_metrics)``; ``Learner.update`` logs
     ``loss_per_module[mid]`` as ``(mid, "total_loss")``. ``ARPOTorchLearner`` overrides the method
     and builds its return value with ``update_result``.
+``TorchLearner._make_modules_ddp_if_necessary(self)`` (``DATA_PARALLEL_HOOK``)
+    Called once, at the end of ``TorchLearner.build``, after ``Learner.build`` has made the
+    module and registered the optimizers (``configure_optimizers_for_module``); RLlib wraps each
+    module in ``TorchDDPRLModule`` there when ``num_learners > 1``. ``ARPODeepSpeedLearner``
+    overrides it to build DeepSpeed engines instead (RLlib marks it ``OverrideToImplementCustomLogic``).
 ``Learner._optimizer_parameters``
     ``dict[torch.optim.Optimizer, list[param ref]]``, filled by ``register_optimizer``; its keys
     are all optimizers the learner holds. Used by ``zero_gradients``.
@@ -46,6 +51,11 @@ PINNED_RAY_VERSION = "2.60.0"
 UPDATE_HOOK = "_uncompiled_update"
 """Name of the ``TorchLearner`` method that ``_update`` dispatches to; ``ARPOTorchLearner``
 overrides it (a method override cannot go through a function, so the name is recorded here)."""
+
+
+DATA_PARALLEL_HOOK = "_make_modules_ddp_if_necessary"
+"""Name of the ``TorchLearner`` method that wraps the modules for data parallelism (DDP);
+``ARPODeepSpeedLearner`` overrides it."""
 
 
 def zero_gradients(learner: Any) -> None:

@@ -10,6 +10,15 @@ with trained tokens for the ``seq-mean-*`` modes). The accumulated gradients the
 RLlib's own ``postprocess_gradients`` (``grad_clip`` / ``grad_clip_by``, global norm logged as
 ``gradients_default_optimizer_global_norm``) and ``apply_gradients``.
 
+With ``num_learners`` >= 2 each learner trains on its shard of the batch and PyTorch DDP
+averages their gradients. The denominator is then the *global* batch's (summed over the learners
+with one all-reduce) and each learner's loss is multiplied by their number, so the averaged
+gradient is exactly the one-learner gradient of the whole batch, not a mean of per-shard means.
+
+The update is five steps a backend may replace (``deepspeed_learner.ARPODeepSpeedLearner`` does):
+``_zero_gradients``, ``_micro_batch`` (a context around one micro-batch's forward and backward),
+``_forward_train``, ``_backward`` and ``_optimizer_step``.
+
 RLlib has no public hook for the micro-batch loop: it replaces ``TorchLearner._uncompiled_update``
 (``rllib_compat.UPDATE_HOOK``). Every RLlib private name goes through ``learner.rllib_compat``.
 """
@@ -17,33 +26,94 @@ RLlib has no public hook for the micro-batch loop: it replaces ``TorchLearner._u
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 from typing import Any
 
+import ray
 import torch
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 
 from rllib_arpo.core.losses import compute_policy_loss
+from rllib_arpo.learner.checkpoint import rng_states, set_rng_states
+from rllib_arpo.learner.distributed import data_parallel_rank, data_parallel_size, global_sum
+from rllib_arpo.learner.memory import LearnerOutOfMemoryError, is_out_of_memory, out_of_memory_advice
+from rllib_arpo.learner.rl_module import DTYPES, hf_state_dict, load_reference_model, sequence_logprobs
 from rllib_arpo.learner.rllib_compat import parameter_gradients, update_result, zero_gradients
+from rllib_arpo.learner.weight_broadcast import WeightBroadcastGroup, WeightLayout, free_address
 
 logger = logging.getLogger(__name__)
+RNG_STATES = "rng_states"
 
 
 class ARPOTorchLearner(TorchLearner):
     def build(self) -> None:
         super().build()
         self._reference_models = {}
-        if self.config.kl_coef > 0:
+        if self.config.kl_coef > 0:  # the initial policy, read again (the module may be wrapped or sharded)
             for mid, module in self.module.items():
-                reference = copy.deepcopy(module.unwrapped().model).eval()
-                reference.requires_grad_(False)
-                self._reference_models[mid] = reference
+                self._reference_models[mid] = load_reference_model(module.unwrapped().model_config, self.device)
 
     def configure_optimizers_for_module(self, module_id, config=None) -> None:
         params = self.get_parameters(self.module[module_id])
         optimizer = torch.optim.AdamW(params, weight_decay=config.weight_decay)
         self.register_optimizer(module_id=module_id, optimizer=optimizer, params=params, lr_or_lr_schedule=config.lr)
+
+    def policy_weights(self, module_id, *, as_object_ref: bool = False, on_device: bool = False):
+        """The module's weights under transformers' names, cast to the engines' ``dtype``, on
+        learner rank 0 (None on the others); in the object store with ``as_object_ref``; on the
+        learner's device with ``on_device`` (else in CPU memory). Tensors already in that dtype
+        and place are the parameters themselves (no copy): clone them to keep a snapshot."""
+        state = self.full_module_state(module_id, on_device=on_device)
+        if state is None:
+            return None
+        weights = {name: tensor.to(DTYPES[self.config.dtype]) for name, tensor in hf_state_dict(state).items()}
+        return ray.put(weights) if as_object_ref else weights
+
+    # --- weight_sync: broadcast (learner.weight_broadcast): rank 0 is the source ------------
+    def weight_group_address(self) -> tuple[str, int, str] | None:
+        """On rank 0: (IP address, free port, device type) for the broadcast group; else None."""
+        if data_parallel_rank() != 0:
+            return None
+        return (*free_address(), self.device.type)
+
+    def open_weight_group(self, address: str, port: int, world_size: int, backend: str) -> None:
+        if data_parallel_rank() == 0:
+            self._weight_group = WeightBroadcastGroup(address, port, 0, world_size, backend)
+
+    def broadcast_weights(self, module_id, layout: WeightLayout) -> None:
+        """Every learner calls this (a sharded backend gathers first); rank 0 sends the layout's
+        tensors in order."""
+        nccl = data_parallel_rank() == 0 and self._weight_group.backend == "nccl"
+        weights = self.policy_weights(module_id, on_device=nccl)
+        if weights is None:
+            return
+        layout.check_source(weights)
+        for name, _, _ in layout.tensors:
+            self._weight_group.broadcast(weights[name].contiguous())
+
+    def full_module_state(self, module_id, *, on_device: bool = False) -> dict[str, torch.Tensor] | None:
+        """The module's state dict on learner rank 0 (in CPU memory, or as it is on the learner's
+        device with ``on_device``), None on the others (every learner calls this: a sharded
+        backend gathers the parameters collectively)."""
+        if data_parallel_rank() != 0:
+            return None
+        module = self.module[module_id]
+        if on_device:
+            return {name: tensor.detach() for name, tensor in module.unwrapped().state_dict().items()}
+        return module.get_state()
+
+    def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
+        """RLlib's learner state plus the process's random number generator states."""
+        state = super().get_state(components, not_components=not_components, **kwargs)
+        if components is None:
+            state[RNG_STATES] = rng_states()
+        return state
+
+    def set_state(self, state: dict) -> None:
+        state = dict(state)
+        if RNG_STATES in state:
+            set_rng_states(state.pop(RNG_STATES))
+        super().set_state(state)
 
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out) -> torch.Tensor:
         loss, _ = self._policy_loss(module_id, config, batch, fwd_out)
@@ -52,13 +122,9 @@ class ARPOTorchLearner(TorchLearner):
     def _policy_loss(self, module_id, config, batch, fwd_out) -> tuple[torch.Tensor, dict]:
         ref_logprobs = None
         if module_id in self._reference_models:
-            from rllib_arpo.learner.rl_module import next_token_logprobs
-
             with torch.no_grad():
-                logits = self._reference_models[module_id](
-                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
-                ).logits
-                ref_logprobs = next_token_logprobs(logits, batch["input_ids"])
+                reference = self._reference_models[module_id]
+                ref_logprobs, _ = sequence_logprobs(reference, batch, chunk_size=config.logprob_chunk_size)
         return compute_policy_loss(
             config.policy_loss,
             fwd_out["logprobs"],
@@ -84,14 +150,19 @@ class ARPOTorchLearner(TorchLearner):
     def _uncompiled_update(self, batch: dict, **kwargs):  # rllib_compat.UPDATE_HOOK
         """RLlib's update step (``TorchLearner._update`` dispatches here), with the single
         forward/backward replaced by ``_accumulate_gradients`` over micro-batches."""
-        zero_gradients(self)
+        self._zero_gradients()
         loss_per_module = {}
         for mid, module_batch in batch.items():
             config = self.config.get_config_for_module(mid)
-            loss_per_module[mid] = self._accumulate_gradients(mid, config, module_batch)
-        gradients = parameter_gradients(self)
-        if self._finite(loss_per_module, gradients):
-            self.apply_gradients(self.postprocess_gradients(gradients))
+            try:
+                loss_per_module[mid] = self._accumulate_gradients(mid, config, module_batch)
+            except RuntimeError as error:
+                if not is_out_of_memory(error):
+                    raise
+                rows = min(config.micro_batch_size, module_batch["input_ids"].shape[0])
+                advice = out_of_memory_advice(config, rows, module_batch["input_ids"].shape[1])
+                raise LearnerOutOfMemoryError(advice) from error
+        self._optimizer_step(loss_per_module)
         return update_result(loss_per_module)
 
     def _finite(self, loss_per_module: dict, gradients: dict) -> bool:
@@ -112,24 +183,50 @@ class ARPOTorchLearner(TorchLearner):
             zero_gradients(self)
         return finite
 
-    def _accumulate_gradients(self, mid, config, module_batch: dict[str, Any]) -> torch.Tensor:
+    # --- the steps a learner backend replaces ---------------------------------------------
+    def _zero_gradients(self) -> None:
+        zero_gradients(self)
+
+    def _micro_batch(self, mid, last: bool):
+        """Context of one micro-batch's forward and backward: DDP all-reduces the gradients on
+        the last micro-batch only."""
         module = self.module[mid]
+        return module.no_sync() if not last and hasattr(module, "no_sync") else contextlib.nullcontext()
+
+    def _forward_train(self, mid, batch: dict[str, Any]) -> dict[str, Any]:
+        return self.module[mid].forward_train(batch)
+
+    def _backward(self, mid, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def _optimizer_step(self, loss_per_module: dict) -> None:
+        """RLlib's gradient clipping (``grad_clip``, ``grad_clip_by``) and optimizer step, skipped
+        when a loss or a gradient is not finite (``_finite``)."""
+        gradients = parameter_gradients(self)
+        if self._finite(loss_per_module, gradients):
+            self.apply_gradients(self.postprocess_gradients(gradients))
+
+    def _accumulate_gradients(self, mid, config, module_batch: dict[str, Any]) -> torch.Tensor:
+        """Forward and backward over micro-batches; returns the batch loss (this learner's share).
+
+        Micro-batch c of this learner's shard is weighted by W * n_c / n, n_c its rows' share of
+        the denominator, n the denominator summed over all W learners: the W learners'
+        averaged gradient is then the gradient of the global batch's loss."""
         rows = module_batch["input_ids"].shape[0]
         denominators = self._denominators(module_batch["loss_mask"], config.loss_agg_mode)
-        total = denominators.sum().clamp_min(1).float()
+        total = global_sum(denominators.sum().float()).clamp_min(1)
+        scale = data_parallel_size() / total
         micro = config.micro_batch_size or rows
         starts = list(range(0, rows, micro))
         batch_loss = torch.zeros((), device=self.device)
         weighted_metrics: dict[str, float] = {}
         for i, start in enumerate(starts):
             chunk = {k: v[start : start + micro] for k, v in module_batch.items()}
-            share = denominators[start : start + micro].sum().float() / total
-            # DDP all-reduces gradients on the last micro-batch only
-            sync = module.no_sync() if i < len(starts) - 1 and hasattr(module, "no_sync") else contextlib.nullcontext()
-            with sync:
-                fwd_out = module.forward_train(chunk)
+            share = denominators[start : start + micro].sum().float() * scale
+            with self._micro_batch(mid, last=i == len(starts) - 1):
+                fwd_out = self._forward_train(mid, chunk)
                 loss, metrics = self._policy_loss(mid, config, chunk, fwd_out)
-                (loss * share).backward()
+                self._backward(mid, loss * share)
             batch_loss += loss.detach() * share
             for key, value in metrics.items():
                 weighted_metrics[key] = weighted_metrics.get(key, 0.0) + value * float(share)

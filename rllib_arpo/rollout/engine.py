@@ -98,6 +98,21 @@ class GenerationEngine(Protocol):
         """Load new policy weights in place and record their version."""
         ...
 
+    # weight_sync: broadcast (learner.weight_broadcast)
+    def weight_receivers(self) -> tuple[int, str]:
+        """How many ranks of the broadcast group this engine's processes take, and the device
+        type their weights live on (``cpu`` or ``cuda``)."""
+        ...
+
+    def open_weight_group(self, address: str, port: int, rank: int, world_size: int, backend: str):
+        """Join the broadcast group (ranks ``rank`` .. ``rank + receivers - 1``); return the
+        ``WeightLayout`` the engine receives."""
+        ...
+
+    def receive_weights(self, version: int) -> None:
+        """Receive one broadcast of the layout's tensors in place and record their version."""
+        ...
+
 
 ENGINES: Registry[Callable[[], type]] = Registry("generation engine")
 """Engine name (the config's ``engine``) -> a function that imports and returns the engine class

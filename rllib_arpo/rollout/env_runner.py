@@ -18,15 +18,25 @@ from dataclasses import dataclass
 
 import numpy as np
 import ray
-from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.core import DEFAULT_AGENT_ID, DEFAULT_MODULE_ID
 from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.utils.checkpoints import Checkpointable
+from ray.rllib.utils.metrics import (
+    NUM_AGENT_STEPS_SAMPLED,
+    NUM_AGENT_STEPS_SAMPLED_LIFETIME,
+    NUM_ENV_STEPS_SAMPLED,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    NUM_EPISODES,
+    NUM_EPISODES_LIFETIME,
+    NUM_MODULE_STEPS_SAMPLED,
+    NUM_MODULE_STEPS_SAMPLED_LIFETIME,
+)
 
 from rllib_arpo.core.rewards import RewardSettings, accuracy
 from rllib_arpo.core.settings import from_config
 from rllib_arpo.core.tree import RolloutTree
 from rllib_arpo.data.datasets import PromptStream, dataset_documents, encode_prompt, load_dataset
-from rllib_arpo.learner.rl_module import DTYPES, hf_state_dict, placeholder_spaces
+from rllib_arpo.learner.rl_module import DTYPES, placeholder_spaces
 from rllib_arpo.rollout.engine import ENGINES
 from rllib_arpo.rollout.scoring import score_trees
 from rllib_arpo.rollout.settings import RolloutSettings
@@ -34,20 +44,39 @@ from rllib_arpo.rollout.tree_rollout import TreeRollout
 from rllib_arpo.tools.base import ToolExecutor, build_tools
 
 
+@dataclass(frozen=True)
+class DataPosition:
+    """Where an EnvRunner stands in its dataset shard: ``sample()`` calls made (the k-th call's
+    rollout is seeded with k) and prompts drawn. Restoring it makes the runner continue with the
+    same prompts and the same random streams."""
+
+    samples: int = 0
+    prompts: int = 0
+
+
 @dataclass
 class RolloutBatch:
-    """What one ``sample()`` returns: one tree per prompt and the reward of each trajectory."""
+    """What one ``sample()`` returns: one tree per prompt and the reward of each trajectory, and
+    the runner's data position after this sample."""
 
     trees: list[RolloutTree]
     rewards: list[np.ndarray]
     weights_version: int
     pad_token_id: int
+    runner_index: int = 0
+    position: DataPosition = DataPosition()
+
+
+VLLM_WEIGHT_RECEIVER = "rllib_arpo.rollout.vllm_weight_receiver.WeightReceiver"
 
 
 def build_engine(config):
     """The generation engine named by ``config.engine`` (``rollout.engine.ENGINES``)."""
     engine_class = ENGINES.get(config.engine)()
-    return engine_class.from_pretrained(config.model_path, dtype=DTYPES[config.dtype], **config.engine_options)
+    options = dict(config.engine_options)
+    if config.engine == "vllm" and config.weight_sync == "broadcast":
+        options.setdefault("worker_extension_cls", VLLM_WEIGHT_RECEIVER)
+    return engine_class.from_pretrained(config.model_path, dtype=DTYPES[config.dtype], **options)
 
 
 def next_prompts(stream: PromptStream, tokenizer, count: int, max_tokens: int | None):
@@ -84,12 +113,24 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         settings = from_config(RolloutSettings, cfg)
         self.rollout = TreeRollout(self.engine, self.tools, settings.branching_policy(), settings)
         self.reward_settings = from_config(RewardSettings, cfg)
-        shard = max((self.worker_index or 0) - 1, 0)
-        self.prompts = PromptStream(
-            load_dataset(cfg.dataset), seed=cfg.seed or 0, index=shard, count=max(self.num_workers, 1)
-        )
+        self._examples = load_dataset(cfg.dataset)
+        self.prompts = self._prompt_stream()
+        self.position = DataPosition()
         self._seed = (cfg.seed or 0) * 1000 + (self.worker_index or 0)
-        self._num_samples = 0
+
+    def _prompt_stream(self) -> PromptStream:
+        """This runner's shard of the dataset, from its beginning."""
+        shard = max((self.worker_index or 0) - 1, 0)
+        return PromptStream(self._examples, seed=self.config.seed or 0, index=shard, count=max(self.num_workers, 1))
+
+    def seek(self, position: DataPosition) -> None:
+        """Continue from ``position``: the shard is read again from its beginning up to there."""
+        if position == self.position:
+            return
+        self.prompts = self._prompt_stream()
+        if position.prompts:
+            self.prompts.next_batch(position.prompts)
+        self.position = position
 
     # --- RLlib EnvRunner API --------------------------------------------------------------
     def sample(self, **kwargs) -> RolloutBatch:
@@ -99,12 +140,14 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
             self.prompts, self.tokenizer, cfg.prompts_per_env_runner, cfg.max_prompt_tokens
         )
         self.metrics.log_value("prompts_skipped_too_long", skipped, window=1)
-        self._num_samples += 1
-        trees, stats = self.rollout.run(prompts, seed=self._seed * 100_003 + self._num_samples)
+        drawn = len(examples) + skipped  # skipped prompts were drawn from the shard too
+        self.position = DataPosition(self.position.samples + 1, self.position.prompts + drawn)
+        trees, stats = self.rollout.run(prompts, seed=self._seed * 100_003 + self.position.samples)
         scores = score_trees(trees, examples, self.tokenizer, self.reward_settings, tuple(self.tools.tools))
         rewards = [np.array([s.reward for s in tree_scores]) for tree_scores in scores]
         self._log_rollout_metrics(trees, scores, stats, time.perf_counter() - start)
-        return RolloutBatch(trees, rewards, self.engine.weights_version, self.tokenizer.pad_token_id)
+        version, pad = self.engine.weights_version, self.tokenizer.pad_token_id
+        return RolloutBatch(trees, rewards, version, pad, self.worker_index or 0, self.position)
 
     def _log_rollout_metrics(self, trees, scores, stats, seconds: float) -> None:
         """One value per metric and ``sample()`` call (window 1: the latest iteration)."""
@@ -138,6 +181,30 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         values.update(self.tools.pop_metrics())
         for key, value in values.items():
             self.metrics.log_value(key, float(value), window=1)
+        self._count_sampled_steps(generated, trajectories, len(trees))
+
+    def _count_sampled_steps(self, tokens: int, trajectories: int, prompts: int) -> None:
+        """RLlib's step counters, so its usual stop keys and throughputs work: an env step (and an
+        agent or module step) is a generated token (a token shared by several trajectories of a
+        tree counts once), an episode is a trajectory."""
+        counts = {
+            NUM_ENV_STEPS_SAMPLED: tokens,
+            (NUM_AGENT_STEPS_SAMPLED, DEFAULT_AGENT_ID): tokens,
+            (NUM_MODULE_STEPS_SAMPLED, DEFAULT_MODULE_ID): tokens,
+            NUM_EPISODES: trajectories,
+        }
+        for key, value in counts.items():
+            self.metrics.log_value(key, value, reduce="sum")
+        lifetime = {
+            NUM_ENV_STEPS_SAMPLED_LIFETIME: tokens,
+            (NUM_AGENT_STEPS_SAMPLED_LIFETIME, DEFAULT_AGENT_ID): tokens,
+            (NUM_MODULE_STEPS_SAMPLED_LIFETIME, DEFAULT_MODULE_ID): tokens,
+            NUM_EPISODES_LIFETIME: trajectories,
+            "num_prompts_sampled_lifetime": prompts,
+        }
+        for key, value in lifetime.items():
+            throughput = key == NUM_ENV_STEPS_SAMPLED_LIFETIME
+            self.metrics.log_value(key, value, reduce="lifetime_sum", with_throughput=throughput)
 
     def get_metrics(self) -> dict:
         return self.metrics.reduce()
@@ -150,24 +217,30 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         assert self.engine is not None and self.prompts is not None, "ARPOEnvRunner is not set up"
 
     def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
-        return {"weights_version": self.engine.weights_version}
+        return {"weights_version": self.engine.weights_version, "data_position": self.position}
 
     def set_state(self, state: dict) -> None:
-        """Load ``{"weights": state_dict | ObjectRef, "weights_version": v}``; RLlib's initial
-        sync (the learner's module state under ``rl_module``) is accepted too, as version 0, and
-        ``{"weights_version": v}`` alone relabels the loaded weights (after a restore)."""
+        """Load ``{"weights": state_dict | ObjectRef, "weights_version": v}`` and/or move to
+        ``{"data_position": DataPosition}``. RLlib's own weight sync (``rl_module``) carries no
+        weights (``CausalLMModule.get_state``) and is ignored."""
+        if "data_position" in state:
+            self.seek(state["data_position"])
         if "weights" in state:
             weights = state["weights"]
             if isinstance(weights, ray.ObjectRef):
                 weights = ray.get(weights)
             self.engine.update_weights(weights, state["weights_version"])
-        elif COMPONENT_RL_MODULE in state:
-            module_state = state[COMPONENT_RL_MODULE]
-            if isinstance(module_state, ray.ObjectRef):
-                module_state = ray.get(module_state)
-            self.engine.update_weights(hf_state_dict(module_state[DEFAULT_MODULE_ID]), 0)
-        elif "weights_version" in state:
-            self.engine.weights_version = state["weights_version"]
+
+    # --- weight_sync: broadcast (learner.weight_broadcast) --------------------------------
+    def weight_receivers(self) -> tuple[int, int, str]:
+        """(this runner's index, ranks its engine takes in the broadcast group, their device type)."""
+        return (self.worker_index, *self.engine.weight_receivers())
+
+    def open_weight_group(self, address: str, port: int, rank: int, world_size: int, backend: str):
+        return self.engine.open_weight_group(address, port, rank, world_size, backend)
+
+    def receive_weights(self, version: int) -> None:
+        self.engine.receive_weights(version)
 
     def get_ctor_args_and_kwargs(self):
         return (), {"config": self.config}

@@ -143,6 +143,24 @@ class HFEngine:
         self.model.load_state_dict(state, strict=True)
         self.weights_version = version
 
+    def weight_receivers(self) -> tuple[int, str]:
+        return 1, self.device.type
+
+    def open_weight_group(self, address: str, port: int, rank: int, world_size: int, backend: str):
+        """Join the broadcast group as ``rank``; the tensors of each sync land in the model's own."""
+        from rllib_arpo.learner.weight_broadcast import WeightBroadcastGroup, WeightLayout
+
+        layout = WeightLayout.of_model(self.model)
+        parameters = dict(self.model.named_parameters())
+        self._weight_group = WeightBroadcastGroup(address, port, rank, world_size, backend)
+        self._weight_targets = [parameters[name].data for name, _, _ in layout.tensors]  # received in place
+        return layout
+
+    def receive_weights(self, version: int) -> None:
+        for tensor in self._weight_targets:
+            self._weight_group.broadcast(tensor)
+        self.weights_version = version
+
     @torch.inference_mode()
     def generate(self, prefixes: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         """Continue every prefix until EOS, a stop string or ``params.max_new_tokens``.

@@ -124,6 +124,23 @@ class VLLMEngine:
         self.clear_prefix_cache()
         self.weights_version = version
 
+    # weight_sync: broadcast (rollout.vllm_weight_receiver; not run here: needs a GPU)
+    def weight_receivers(self) -> tuple[int, str]:
+        parallel = self.llm.llm_engine.vllm_config.parallel_config
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return parallel.tensor_parallel_size * parallel.pipeline_parallel_size, device
+
+    def open_weight_group(self, address: str, port: int, rank: int, world_size: int, backend: str):
+        layouts = self.llm.collective_rpc("open_weight_group", args=(address, port, rank, world_size, backend))
+        if len(set(layouts)) != 1:
+            raise RuntimeError("the vLLM workers disagree on the weight layout")
+        return layouts[0]
+
+    def receive_weights(self, version: int) -> None:
+        self.llm.collective_rpc("receive_weights")
+        self.clear_prefix_cache()
+        self.weights_version = version
+
     def generate(self, prefixes: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         """Continue every prefix until EOS, a stop string or ``params.max_new_tokens``.
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rllib_arpo.cli import ConfigError, load_experiments
+from rllib_arpo.cli import ConfigError, is_search_space, load_experiments
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -73,7 +73,7 @@ def test_every_tuned_example_loads_and_validates(example):
     from rllib_arpo.algorithm import ARPOConfig
 
     for experiment in load_experiments(str(example)).values():
-        config = {k: v for k, v in experiment["config"].items() if not (isinstance(v, dict) and "grid_search" in v)}
+        config = {k: v for k, v in experiment["config"].items() if not is_search_space(v)}
         ARPOConfig().update_from_dict(config)._validate_arpo()
 
 
@@ -84,3 +84,26 @@ def test_cli_exits_with_a_clear_message_on_a_bad_file(tmp_path):
     )  # fmt: skip
     assert completed.returncode == 2
     assert "rllib: error: experiment 'x': unknown run: 'NOPE'" in completed.stderr
+
+
+def test_search_spaces_and_the_asha_scheduler_are_read(tmp_path):
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search.sample import Categorical, Float, Integer
+
+    from rllib_arpo.cli import _scheduler, _search_space_to_tune
+
+    space = _search_space_to_tune(
+        {"alpha": {"uniform": [0.3, 0.7]}, "beta": {"choice": [0.1, 0.2]}, "lr": {"loguniform": [1e-6, 1e-4]},
+         "initial_rollouts": {"randint": [2, 5]}, "tools": {"search": {"top_k": 2}}, "tau": 0.5}
+    )  # fmt: skip
+    assert isinstance(space["alpha"], Float) and (space["alpha"].lower, space["alpha"].upper) == (0.3, 0.7)
+    assert isinstance(space["beta"], Categorical) and space["beta"].categories == [0.1, 0.2]
+    assert isinstance(space["lr"], Float) and isinstance(space["initial_rollouts"], Integer)
+    assert space["tools"] == {"search": {"top_k": 2}} and space["tau"] == 0.5
+    scheduler = _scheduler({"type": "asha", "metric": "env_runners/reward_mean", "mode": "max", "max_t": 4}, "x")
+    assert isinstance(scheduler, ASHAScheduler) and scheduler.metric == "env_runners/reward_mean"
+    assert _scheduler(None, "x") is None
+    with pytest.raises(ConfigError, match="unknown scheduler type 'pbt'"):
+        _scheduler({"type": "pbt", "metric": "m", "mode": "max"}, "x")
+    with pytest.raises(ConfigError, match=r"scheduler needs \['mode'\]"):
+        _scheduler({"type": "asha", "metric": "m"}, "x")

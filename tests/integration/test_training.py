@@ -18,19 +18,29 @@ REQUIRED_LEARNER_METRICS = ("policy_loss", "clip_fraction", "approx_kl", "total_
 
 
 def learner_weights(algo) -> dict[str, torch.Tensor]:
-    module = algo.learner_group._learner.module[DEFAULT_MODULE_ID]
-    return {k: v.clone() for k, v in hf_state_dict(module.get_state()).items()}
+    """The learner's own weights (rank 0's), in its own dtype."""
+    results = algo.learner_group.foreach_learner(lambda learner: learner.full_module_state(DEFAULT_MODULE_ID))
+    [state] = [r.get() for r in results if r.get() is not None]
+    return {k: v.clone() for k, v in hf_state_dict(state).items()}
 
 
 def runner_weights(runner) -> tuple[int, dict[str, torch.Tensor]]:
     return runner.engine.weights_version, {k: v.detach().clone() for k, v in runner.engine.model.state_dict().items()}
 
 
-@pytest.mark.parametrize("num_env_runners", [1, 2])
-def test_two_iterations_sync_versioned_weights_to_remote_runners(ray_session, small_config, num_env_runners):
+@pytest.mark.parametrize("num_env_runners, num_learners, weight_sync", [(1, 0, "object_store"), (2, 2, "broadcast")])
+def test_two_iterations_sync_versioned_weights_to_remote_runners(
+    ray_session, small_config, num_env_runners, num_learners, weight_sync
+):
+    """One local learner and the object store, or two DDP learners whose rank 0 broadcasts to
+    two remote EnvRunners over gloo: the engines hold the learner's weights, bit for bit."""
     # AdamW's decoupled weight decay changes every weight on every step, even while the untrained
     # policy's rewards are all equal (zero advantages), so the sync is observable from step one.
-    config = small_config.env_runners(num_env_runners=num_env_runners).training(weight_decay=0.5)
+    config = (
+        small_config.env_runners(num_env_runners=num_env_runners)
+        .learners(num_learners=num_learners, num_cpus_per_learner=1, weight_sync=weight_sync)
+        .training(weight_decay=0.5)
+    )
     algo = config.build_algo()
     try:
         before = algo.env_runner_group.foreach_env_runner(runner_weights, local_env_runner=False)
@@ -54,6 +64,9 @@ def test_two_iterations_sync_versioned_weights_to_remote_runners(ray_session, sm
             assert key in runners, key
         # the runners' reported trajectories: prompts_per_env_runner * M per runner
         assert runners["trajectories"] == 2 * 4
+        # RLlib's counters: a generated token is an env step, a trajectory an episode
+        assert runners["num_episodes_lifetime"] == iteration * num_env_runners * 2 * 4
+        assert result["num_env_steps_sampled_lifetime"] == runners["num_env_steps_sampled_lifetime"] > 0
         learners = result["learners"][DEFAULT_MODULE_ID]
         for key in (*REQUIRED_LEARNER_METRICS, "gradients_default_optimizer_global_norm"):
             assert key in learners, key
@@ -79,16 +92,23 @@ def test_tune_grid_over_tau_runs_two_trials(ray_session, small_config, tmp_path)
 
 
 def test_bfloat16_policy_syncs_to_a_remote_runner_without_numpy(ray_session, small_config):
-    config = small_config.policy(dtype="bfloat16").env_runners(num_env_runners=1).training(weight_decay=0.5)
+    # one remote learner: it puts the bf16 weights into the object store itself
+    config = (
+        small_config.policy(dtype="bfloat16")
+        .env_runners(num_env_runners=1)
+        .learners(num_learners=1, num_cpus_per_learner=1)
+        .training(weight_decay=0.5)
+    )
     algo = config.build_algo()
     try:
         algo.train()
-        learner = learner_weights(algo)
+        learner = learner_weights(algo)  # float32 master weights
+        assert {t.dtype for t in learner.values()} == {torch.float32}
         [(version, weights)] = algo.env_runner_group.foreach_env_runner(runner_weights, local_env_runner=False)
         assert version == 1
         assert {t.dtype for t in weights.values()} == {torch.bfloat16}
         for name, tensor in weights.items():
-            assert torch.equal(tensor, learner[name]), name
+            assert torch.equal(tensor, learner[name].bfloat16()), name
     finally:
         algo.stop()
 

@@ -49,11 +49,12 @@ def model_dir(tmp_path_factory) -> str:
     return str(directory)
 
 
-def build_learner(model_dir: str, dtype: str = "float32", **training) -> ARPOTorchLearner:
+def build_learner(model_dir: str, dtype: str = "float32", learners: dict | None = None, **training) -> ARPOTorchLearner:
     config = (
         ARPOConfig()
         .policy(model_path=model_dir, dtype=dtype)
-        .training(lr=LR, clip_eps_low=EPS, clip_eps_high=EPS, **training)
+        .training(**{"lr": LR, "clip_eps_low": EPS, "clip_eps_high": EPS, **training})
+        .learners(**(learners or {}))
     )
     vocab_size = AutoConfig.from_pretrained(model_dir).vocab_size
     return config.build_learner(spaces={DEFAULT_MODULE_ID: placeholder_spaces(vocab_size)})
@@ -138,11 +139,14 @@ def test_bf16_state_moves_as_torch_tensors_into_an_engine(model_dir):
         for param in module_of(learner).parameters():
             param.add_(0.5)
 
+    # the learner's own state: float32 master weights; the engines get bf16 copies of them
     state = learner.get_state(components="rl_module/default_policy")["rl_module"][DEFAULT_MODULE_ID]
-    assert state and all(isinstance(v, torch.Tensor) and v.dtype == torch.bfloat16 for v in state.values())
+    assert state and all(isinstance(v, torch.Tensor) and v.dtype == torch.float32 for v in state.values())
+    weights = learner.policy_weights(DEFAULT_MODULE_ID)
+    assert weights.keys() == hf_state_dict(state).keys()
+    assert all(v.dtype == torch.bfloat16 and torch.equal(v, state["model." + k].bfloat16()) for k, v in weights.items())
 
     engine = HFEngine.from_pretrained(model_dir)  # as the EnvRunner builds it: the saved float32 weights
-    weights = hf_state_dict(state)
     engine_weights = engine.model.state_dict()
     assert weights.keys() == engine_weights.keys()
     assert not torch.equal(engine_weights["model.norm.weight"], weights["model.norm.weight"].float())
@@ -218,3 +222,91 @@ def test_nonfinite_updates_are_skipped_counted_and_stop_the_run_in_a_row(model_d
     update(poisoned)
     with pytest.raises(FloatingPointError, match="2 updates in a row had a NaN or inf loss or gradient"):
         update(poisoned)
+
+
+def update(learner: ARPOTorchLearner, batch: dict[str, torch.Tensor]) -> dict:
+    numpy_batch = SampleBatch({k: v.numpy() for k, v in batch.items()})
+    trained = int((batch["loss_mask"] > 0).sum())
+    return learner.update(batch=MultiAgentBatch({DEFAULT_MODULE_ID: numpy_batch}, env_steps=trained))
+
+
+def changed_fraction(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> float:
+    changed = sum(int((after[k] != before[k]).sum()) for k in before)
+    return changed / sum(v.numel() for v in before.values())
+
+
+@pytest.mark.parametrize("master_weights", [True, False])
+def test_bf16_with_master_weights_learns_at_lr_1e_6(model_dir, master_weights):
+    """AdamW's step is about lr = 1e-6 per weight: below half a bf16 ulp of most weights (2^-9
+    relative, ~4e-5 at |w| = 0.02), so pure bf16 weights do not move, while float32 master weights
+    all do; the bf16 copies the engines get follow once the steps add up to half an ulp."""
+    learner = build_learner(model_dir, dtype="bfloat16", learners={"master_weights": master_weights}, lr=1e-6)
+    module = module_of(learner)
+    assert {p.dtype for p in module.parameters()} == {torch.float32 if master_weights else torch.bfloat16}
+    batch = training_batch(learner)
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    before_sent = learner.policy_weights(DEFAULT_MODULE_ID)
+    for _ in range(10):
+        update(learner, batch)
+    after = module.state_dict()
+    if master_weights:
+        assert changed_fraction(before, after) > 0.999
+        # ten steps of ~1e-6 move the master weights by ~1e-5 each, still rounding to the same
+        # bf16 value for most weights; the engines see the sum of the steps, not lost steps
+        drift = max(float((after[k] - before[k]).abs().max()) for k in before)
+        assert 5e-6 < drift < 2e-5
+        sent = learner.policy_weights(DEFAULT_MODULE_ID)
+        assert all(sent[k].dtype == torch.bfloat16 for k in sent)
+        assert changed_fraction(before_sent, sent) > 0
+    else:
+        assert changed_fraction(before, after) < 0.1
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(model_dir, learner):
+    checkpointed = build_learner(model_dir, learners={"gradient_checkpointing": True})
+    assert module_of(checkpointed).model.is_gradient_checkpointing
+    assert not module_of(learner).model.is_gradient_checkpointing
+    batch = training_batch(learner)
+    expected = gradients(learner, batch)
+    for name, grad in gradients(checkpointed, batch).items():
+        torch.testing.assert_close(grad, expected[name], atol=1e-6, rtol=0, msg=name)
+
+
+def test_chunked_logprobs_give_the_same_loss_gradients_and_entropies(model_dir, learner):
+    chunked = build_learner(model_dir, learners={"logprob_chunk_size": 7})
+    assert module_of(chunked).logprob_chunk_size == 7
+    batch = training_batch(learner)
+    with torch.no_grad():
+        expected, got = (module_of(x).forward_train(batch, with_entropy=True) for x in (learner, chunked))
+    torch.testing.assert_close(got["logprobs"], expected["logprobs"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(got["entropy"], expected["entropy"], atol=1e-5, rtol=0)
+    expected_gradients = gradients(learner, batch)
+    for name, grad in gradients(chunked, batch).items():
+        torch.testing.assert_close(grad, expected_gradients[name], atol=1e-6, rtol=0, msg=name)
+
+
+def test_out_of_memory_names_the_settings_to_change(model_dir, monkeypatch):
+    from rllib_arpo.learner.memory import LearnerOutOfMemoryError
+
+    learner = build_learner(model_dir, micro_batch_size=4)
+    batch = training_batch(learner)
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(module_of(learner), "forward_train", out_of_memory)
+    with pytest.raises(LearnerOutOfMemoryError) as caught:
+        update(learner, batch)
+    message = str(caught.value)
+    assert "out of memory on a micro-batch of 4 rows x 11 tokens" in message  # ROWS' longest: 3 + 8
+    for knob in ("micro_batch_size: 4 -> 2", "logprob_chunk_size: null -> 1024",
+                 "gradient_checkpointing: false -> true", "dtype: float32 -> bfloat16", "learner_backend: deepspeed",
+                 "max_response_tokens: 512"):  # fmt: skip
+        assert knob in message, knob
+    assert "GiB per GPU" in message  # the estimate of the current layout
+    assert isinstance(caught.value.__cause__, torch.OutOfMemoryError)
+
+    # any other error passes through as it is
+    monkeypatch.setattr(module_of(learner), "forward_train", lambda *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        update(learner, batch)

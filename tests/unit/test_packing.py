@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from rllib_arpo.core.tree import TrajectoryRow
-from rllib_arpo.learner.packing import pad_rows
+from rllib_arpo.learner.packing import pad_rows, shard_rows
 
 PAD = 0
 
@@ -46,3 +46,25 @@ def test_two_rows_of_different_lengths():
 def test_row_and_advantage_counts_must_match():
     with pytest.raises(ValueError, match="2 rows but 1 advantage"):
         pad_rows([row([1], [2], [1], [0], [0])] * 2, [np.ones(1)], pad_token_id=PAD)
+
+
+def test_shard_rows_gives_every_learner_as_many_rows_and_tops_up_with_untrained_copies():
+    batch = {
+        "input_ids": np.arange(5 * 3).reshape(5, 3),
+        "loss_mask": np.array([[1, 1], [1, 0], [0, 0], [1, 1], [0, 1]], dtype=np.float32),
+        "advantages": np.arange(10, dtype=np.float32).reshape(5, 2),
+    }
+    first, second = shard_rows(batch, 2)
+    assert [len(first["input_ids"]), len(second["input_ids"])] == [3, 3]
+    np.testing.assert_array_equal(first["input_ids"], batch["input_ids"][:3])
+    np.testing.assert_array_equal(second["input_ids"], batch["input_ids"][[3, 4, 4]])
+    np.testing.assert_array_equal(second["advantages"], batch["advantages"][[3, 4, 4]])
+    np.testing.assert_array_equal(second["loss_mask"], [[1, 1], [0, 1], [0, 0]])  # the copy trains nothing
+    # as many trained tokens as before, in the original order
+    assert sum(shard["loss_mask"].sum() for shard in (first, second)) == batch["loss_mask"].sum()
+    # more learners than rows: every learner still gets a row
+    shards = shard_rows({k: v[:1] for k, v in batch.items()}, 3)
+    assert [len(s["input_ids"]) for s in shards] == [1, 1, 1]
+    assert [s["loss_mask"].sum() for s in shards] == [2, 0, 0]
+    [whole] = shard_rows(batch, 1)
+    assert all(np.array_equal(whole[k], batch[k]) for k in batch)

@@ -22,6 +22,7 @@ from rllib_arpo.algorithm import ARPOConfig
 from rllib_arpo.learner import rllib_compat
 from rllib_arpo.learner.rl_module import placeholder_spaces
 from rllib_arpo.learner.rllib_compat import (
+    DATA_PARALLEL_HOOK,
     PINNED_RAY_VERSION,
     UPDATE_HOOK,
     parameter_gradients,
@@ -163,6 +164,31 @@ def test_learner_update_dispatches_to_the_hook_and_logs_its_losses(model_dir, ho
     )
 
 
+# --- _make_modules_ddp_if_necessary: the data-parallel wrapping hook ------------------------
+
+
+def test_data_parallel_hook_runs_once_at_the_end_of_build_with_optimizers_registered(model_dir):
+    """``TorchLearner.build`` calls DATA_PARALLEL_HOOK once, with no arguments, after the module
+    exists and its optimizer is registered; the DeepSpeed learner overrides the same name."""
+    from rllib_arpo.learner.deepspeed_learner import ARPODeepSpeedLearner
+
+    seen = []
+
+    def hook(self):
+        seen.append(([name for name, _ in self.get_optimizers_for_module(DEFAULT_MODULE_ID)], self.module))
+
+    spy = type("SpyLearner", (ARPOTorchLearner,), {DATA_PARALLEL_HOOK: hook})
+    learner = build_learner(model_dir, spy)
+    assert inspect.signature(getattr(TorchLearner, DATA_PARALLEL_HOOK)).parameters.keys() == {"self"}
+    [(optimizer_names, module)] = seen
+    assert optimizer_names == ["default_optimizer"] and module is learner.module
+    assert DATA_PARALLEL_HOOK in vars(ARPODeepSpeedLearner)
+    # RLlib's own hook wraps for DDP only with several learners: one local learner stays unwrapped
+    from ray.rllib.core.rl_module.torch.torch_rl_module import TorchDDPRLModule
+
+    assert not isinstance(module_of(build_learner(model_dir)), TorchDDPRLModule)
+
+
 # --- _optimizer_parameters / _params ---------------------------------------------------------
 
 
@@ -243,11 +269,13 @@ def test_thawed_leaves_an_unfrozen_config_unfrozen():
 
 def test_compat_is_the_only_module_naming_rllib_privates():
     """Our learner code reaches RLlib's private attributes only through rllib_compat."""
+    import rllib_arpo.learner.deepspeed_learner as deepspeed_learner
+    import rllib_arpo.learner.group as group
     import rllib_arpo.learner.rl_module as rl_module
     import rllib_arpo.learner.torch_learner as torch_learner
 
-    privates = ("_optimizer_parameters", "._params", "_is_frozen", "._device")
-    for module in (torch_learner, rl_module):
+    privates = ("_optimizer_parameters", "._params", "_is_frozen", "._device", "._worker_manager", "._learner")
+    for module in (torch_learner, rl_module, deepspeed_learner, group):
         source = inspect.getsource(module)
         assert not [name for name in privates if name in source], module.__name__
     compat_source = inspect.getsource(rllib_compat)

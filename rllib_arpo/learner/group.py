@@ -1,0 +1,47 @@
+"""What the algorithm asks of RLlib's LearnerGroup: one update on a padded batch, and the policy's
+weights for the engines. Local (``num_learners: 0``) and remote learners, DDP or DeepSpeed alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+
+from rllib_arpo.learner.packing import shard_rows
+
+
+def _multi_agent(batch: dict[str, np.ndarray]) -> MultiAgentBatch:
+    return MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(batch)}, env_steps=int(batch["loss_mask"].sum()))
+
+
+def update_learners(learner_group, batch: dict[str, np.ndarray], config: Any) -> list[dict]:
+    """One update of every learner on ``batch`` (``learner.packing.pad_rows``' arrays).
+
+    With several learners each gets one shard of equal row count (``shard_rows``); the learners
+    then divide by the whole batch's token count, so the result equals one learner's update on
+    the whole batch."""
+    options = {
+        "num_epochs": config.num_epochs,
+        "minibatch_size": config.minibatch_size,
+        "shuffle_batch_per_epoch": config.minibatch_size is not None,
+    }
+    if learner_group.is_local or config.num_learners <= 1:
+        return learner_group.update(batch=_multi_agent(batch), **options)
+    shards = shard_rows(batch, config.num_learners)
+    return learner_group.update(batches=[_multi_agent(shard) for shard in shards], **options)
+
+
+def policy_weights(learner_group, module_id=DEFAULT_MODULE_ID, *, as_object_ref: bool = False):
+    """The policy's weights under transformers' names, in the engines' dtype, from learner rank 0.
+
+    Every learner takes part (ZeRO-3 gathers its partitioned parameters collectively). With
+    ``as_object_ref`` a remote learner puts the weights into the object store itself and only
+    the reference travels."""
+    results = learner_group.foreach_learner(
+        lambda learner: learner.policy_weights(module_id, as_object_ref=as_object_ref)
+    )
+    [weights] = [result.get() for result in results if result.get() is not None]
+    return weights

@@ -1,0 +1,69 @@
+"""Log-probabilities (and entropies) of target tokens, from hidden states, a chunk at a time.
+
+    log pi(x_{t+1} | x_<=t) = z_t[x_{t+1}] - logsumexp(z_t),    z_t = W h_t   (the LM head)
+    H_t = -sum_j p_{t,j} log p_{t,j}                             (nats)
+
+The plain way computes the logits of every position at once: a ``[tokens, vocab]`` tensor in the
+model's dtype plus its float32 copy, and autograd keeps them for the backward pass. At 8 rows of
+4k tokens and a 152k vocabulary that is 20 GB of float32 logits. ``chunked_token_logprobs`` works
+on ``chunk_size`` positions at a time and checkpoints each chunk: only the hidden states are kept,
+and a chunk's logits are made again in the backward pass, so no more than ``chunk_size * vocab``
+float32 values exist at any time, forward or backward.
+
+Inputs are flat (``[tokens, hidden]`` and ``[tokens]``), so padded rows (flattened) and packed
+sequences go through the same function.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from rllib_arpo.core.entropy import entropy_from_logits
+
+
+def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, lm_head: torch.nn.Module, with_entropy: bool):
+    logits = lm_head(hidden).float()
+    logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    if not with_entropy:
+        return logprobs, None
+    with torch.no_grad():
+        return logprobs, entropy_from_logits(logits)
+
+
+def chunked_token_logprobs(
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    lm_head: torch.nn.Module,
+    *,
+    chunk_size: int | None,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi of each target token, and (``with_entropy``, no gradient) the entropy of each
+    position's distribution.
+
+    Args:
+        hidden: ``[N, H]`` final hidden states h_t.
+        targets: ``[N]`` token ids x_{t+1} (int64).
+        lm_head: the output layer (``model.get_output_embeddings()``), called on each chunk so
+            that a sharded (ZeRO-3) layer gathers its weight itself.
+        chunk_size: positions per chunk, each recomputed in the backward pass; ``None``: all at
+            once, without recomputation.
+
+    Returns:
+        ``([N] float32 log-probabilities, [N] float32 entropies or None)``.
+    """
+    if hidden.shape[:-1] != targets.shape or hidden.dim() != 2:
+        shapes = f"{tuple(hidden.shape)} and {tuple(targets.shape)}"
+        raise ValueError(f"hidden [N, H] and targets [N] expected, got {shapes}")
+    if chunk_size is None:
+        return _chunk_logprobs(hidden, targets, lm_head, with_entropy)
+    logprobs, entropies = [], []
+    for hidden_chunk, target_chunk in zip(hidden.split(chunk_size), targets.split(chunk_size)):
+        if torch.is_grad_enabled() and hidden_chunk.requires_grad:
+            chunk = checkpoint(_chunk_logprobs, hidden_chunk, target_chunk, lm_head, with_entropy, use_reentrant=False)
+        else:
+            chunk = _chunk_logprobs(hidden_chunk, target_chunk, lm_head, with_entropy)
+        logprobs.append(chunk[0])
+        entropies.append(chunk[1])
+    return torch.cat(logprobs), (torch.cat(entropies) if with_entropy else None)

@@ -1,0 +1,197 @@
+"""An estimate of one learner's memory (per GPU) for a model and a learner layout.
+
+P parameters, L learners, b bytes of the compute ``dtype`` (2 for bf16/fp16, 4 for float32):
+
+| layout                                   | weights       | gradients     | optimizer (AdamW m, v; master) |
+|------------------------------------------|---------------|---------------|--------------------------------|
+| torch, float32                           | 4P            | 4P            | 8P                             |
+| torch, master_weights (bf16 compute)     | 4P + bP cast  | 4P            | 8P                             |
+| torch, pure bf16 (no master weights)     | bP            | bP            | 2bP                            |
+| DeepSpeed ZeRO-1                         | bP            | bP            | (8P + master 4P) / L           |
+| DeepSpeed ZeRO-2                         | bP            | bP / L        | (8P + master 4P) / L           |
+| DeepSpeed ZeRO-3                         | bP / L        | bP / L        | (8P + master 4P) / L           |
+
+(no master copy when b = 4; ``zero_offload`` moves the optimizer column, and at stage 3 the
+weights, to CPU memory; DDP with L >= 2 adds gradient buckets the size of the gradients.)
+
+Activations of one micro-batch of T = ``micro_batch_size`` * ``sequence_length`` tokens, hidden
+size h, n layers, with fused (SDPA/flash) attention: about 34 * T * h * b / 2 bytes a layer
+(Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", without
+the attention-score term); with gradient checkpointing, each layer keeps its input (T * h * b)
+and one layer at a time is recomputed. Logits: T * V * (b + 8) bytes (the logits, their float32
+copy and its gradient); with ``logprob_chunk_size`` c, c * V * (b + 8).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+GIB = 1024**3
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+ACTIVATION_BYTES_PER_TOKEN_HIDDEN_LAYER = 34  # at 2 bytes per value; Korthikanti et al. 2022
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the estimate needs to know of a causal LM."""
+
+    num_parameters: int
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+
+    @classmethod
+    def from_pretrained(cls, model_path: str) -> ModelShape:
+        """Read a ``save_pretrained`` directory's config; parameters are counted on the meta
+        device, so nothing is loaded or allocated."""
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.from_pretrained(model_path)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        return cls(
+            num_parameters=sum(p.numel() for p in model.parameters()),
+            hidden_size=config.hidden_size,
+            num_layers=config.num_hidden_layers,
+            vocab_size=config.vocab_size,
+        )
+
+
+@dataclass(frozen=True)
+class LearnerMemory:
+    """Bytes one learner (one GPU) holds; ``offloaded`` is held in CPU memory instead."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+    logits: int
+    offloaded: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.logits
+
+    def table(self) -> str:
+        """A small text table in GiB."""
+        rows = [(f.name, getattr(self, f.name)) for f in fields(self) if f.name != "offloaded"]
+        lines = [f"  {name:<12} {value / GIB:9.2f} GiB" for name, value in rows]
+        lines.append(f"  {'total':<12} {self.total / GIB:9.2f} GiB per GPU")
+        if self.offloaded:
+            lines.append(f"  {'offloaded':<12} {self.offloaded / GIB:9.2f} GiB in CPU memory per learner")
+        return "\n".join(lines)
+
+
+def estimate_learner_memory(
+    model: ModelShape,
+    *,
+    dtype: str = "float32",
+    master_weights: bool = True,
+    learner_backend: str = "torch",
+    num_learners: int = 1,
+    zero_stage: int = 2,
+    zero_offload: bool = False,
+    micro_batch_size: int = 8,
+    sequence_length: int = 2048,
+    gradient_checkpointing: bool = False,
+    logprob_chunk_size: int | None = None,
+) -> LearnerMemory:
+    """Memory of one learner (see the module docstring for the formulas)."""
+    p, b, learners = model.num_parameters, DTYPE_BYTES[dtype], max(num_learners, 1)
+    offloaded = 0
+    if learner_backend == "deepspeed":
+        master = 4 * p if b != 4 else 0
+        weights = b * p // learners if zero_stage == 3 else b * p
+        gradients = b * p // learners if zero_stage >= 2 else b * p
+        optimizer = (8 * p + master) // learners
+        if zero_offload:
+            offloaded, optimizer = optimizer, 0
+            if zero_stage == 3:
+                offloaded, weights = offloaded + weights, 0
+    elif b == 4 or master_weights:
+        weights = 4 * p + (b * p if b != 4 else 0)  # float32 weights (+ autocast's low-precision copies)
+        gradients = 4 * p
+        optimizer = 8 * p
+    else:
+        weights, gradients, optimizer = b * p, b * p, 2 * b * p
+    if learner_backend == "torch" and learners > 1:
+        gradients *= 2  # DDP's gradient buckets
+    tokens = micro_batch_size * sequence_length
+    per_layer = ACTIVATION_BYTES_PER_TOKEN_HIDDEN_LAYER * tokens * model.hidden_size * b // 2
+    if gradient_checkpointing:
+        activations = model.num_layers * tokens * model.hidden_size * b + per_layer
+    else:
+        activations = model.num_layers * per_layer
+    logit_positions = tokens if logprob_chunk_size is None else min(logprob_chunk_size, tokens)
+    logits = logit_positions * model.vocab_size * (b + 8)
+    return LearnerMemory(weights, gradients, optimizer, activations, logits, offloaded)
+
+
+def learner_memory_of_config(config: Any, sequence_length: int | None = None) -> LearnerMemory:
+    """``estimate_learner_memory`` for an ``ARPOConfig``; the sequence length defaults to the
+    longest row the rollout settings allow (prompt budget not included: add it if you know it)."""
+    from rllib_arpo.models.cache import resolve_model_path
+
+    return estimate_learner_memory(
+        ModelShape.from_pretrained(resolve_model_path(config.model_path)),
+        dtype=config.dtype,
+        master_weights=config.master_weights,
+        learner_backend=config.learner_backend,
+        num_learners=config.num_learners,
+        zero_stage=config.zero_stage,
+        zero_offload=config.zero_offload,
+        micro_batch_size=config.micro_batch_size,
+        sequence_length=sequence_length or config.max_response_tokens,
+        gradient_checkpointing=config.gradient_checkpointing,
+        logprob_chunk_size=config.logprob_chunk_size,
+    )
+
+
+class LearnerOutOfMemoryError(RuntimeError):
+    """The learner ran out of memory; the message names the settings that lower its need."""
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """torch's out-of-memory error on a GPU, or a failed allocation on the CPU."""
+    import torch
+
+    text = str(error)
+    return isinstance(error, torch.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text.lower())
+    )
+
+
+def out_of_memory_advice(config: Any, rows: int, length: int) -> str:
+    """What to change when one micro-batch of ``rows`` x ``length`` tokens did not fit, each knob
+    with its current value, most effective first; with the estimate of the current layout."""
+    knobs = [
+        f"micro_batch_size: {config.micro_batch_size} -> {max(config.micro_batch_size // 2, 1)} (rows per "
+        "forward/backward; the update stays the same)",
+    ]
+    if config.logprob_chunk_size is None:
+        knobs.append("logprob_chunk_size: null -> 1024 (no full [tokens, vocab] float32 logits)")
+    if not config.gradient_checkpointing:
+        knobs.append("gradient_checkpointing: false -> true (recompute activations in the backward pass)")
+    if config.dtype == "float32":
+        knobs.append("dtype: float32 -> bfloat16 (with master_weights: true it still learns at small lr)")
+    if config.learner_backend == "torch":
+        knobs.append("learner_backend: deepspeed with zero_stage: 2 or 3 and num_learners >= 2 (partitions optimizer "
+                     "states, gradients, weights)")  # fmt: skip
+    else:
+        if config.zero_stage < 3:
+            knobs.append(f"zero_stage: {config.zero_stage} -> 3 (partitions the weights too)")
+        if not config.zero_offload:
+            knobs.append("zero_offload: false -> true (optimizer states in CPU memory)")
+    knobs.append(
+        f"max_response_tokens: {config.max_response_tokens} (the longest row; this micro-batch had {length} tokens)"
+    )
+    lines = [f"the learner ran out of memory on a micro-batch of {rows} rows x {length} tokens. Settings to change:"]
+    lines += [f"  - {knob}" for knob in knobs]
+    try:
+        estimate = learner_memory_of_config(config, sequence_length=length)
+        lines += ["Estimated learner memory per GPU now (learner.memory):", estimate.table()]
+    except Exception:  # the estimate is a help, never a second error
+        pass
+    return "\n".join(lines)

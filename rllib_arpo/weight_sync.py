@@ -1,0 +1,78 @@
+"""How the driver moves new policy weights from the learners to remote EnvRunners (``weight_sync``).
+
+``object_store``: learner rank 0 puts the weights (in the engines' dtype) into Ray's object store
+once (a local learner: the driver does), and every EnvRunner reads them from there: one copy in
+shared memory per node, torch tensors (no numpy), an engine-side ``load_state_dict`` (HF) or a
+safetensors reload (vLLM on CPU).
+
+``broadcast``: learner rank 0 and the engines form a process group of their own
+(``learner.weight_broadcast``); each sync is one broadcast per tensor, received in place.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import ray
+from ray.rllib.core import DEFAULT_MODULE_ID
+
+from rllib_arpo.learner.group import policy_weights
+from rllib_arpo.learner.weight_broadcast import WeightLayout
+
+ANSWER_TIMEOUT_S = 600.0
+
+
+def send_through_object_store(learner_group, env_runner_group, version: int, runner_ids: list[int] | None) -> None:
+    """The weights into the object store once, then into every remote EnvRunner (of ``runner_ids``)."""
+    weights = policy_weights(learner_group, as_object_ref=True)
+    if not isinstance(weights, ray.ObjectRef):  # a local learner: the driver puts them
+        weights = ray.put(weights)
+    state = {"weights": weights, "weights_version": version}
+    env_runner_group.foreach_env_runner(
+        lambda runner: runner.set_state(state), local_env_runner=False, remote_worker_ids=runner_ids
+    )
+
+
+def open_broadcast_group(learner_group, env_runner_group) -> WeightLayout:
+    """A new broadcast group: learner rank 0 is rank 0, each EnvRunner's engine takes the next
+    ranks; NCCL where the learner and every engine hold CUDA tensors, else gloo. Returns the
+    engines' common ``WeightLayout``."""
+    receivers = sorted(env_runner_group.foreach_env_runner(lambda r: r.weight_receivers(), local_env_runner=False))
+    results = learner_group.foreach_learner(lambda learner: learner.weight_group_address())
+    [(address, port, learner_device)] = [r.get() for r in results if r.get() is not None]
+    cuda = learner_device == "cuda" and all(device == "cuda" for _, _, device in receivers)
+    backend = "nccl" if cuda else "gloo"
+    world_size = 1 + sum(count for _, count, _ in receivers)
+    first_ranks = np.cumsum([1] + [count for _, count, _ in receivers[:-1]])
+    joins = [
+        lambda runner, rank=int(rank): runner.open_weight_group(address, port, rank, world_size, backend)
+        for rank in first_ranks
+    ]
+    # every member must be joining at once: the EnvRunners asynchronously, then the learners
+    env_runner_group.foreach_env_runner_async(
+        joins, tag="weight_group", remote_worker_ids=[index for index, _, _ in receivers]
+    )
+    learner_group.foreach_learner(lambda learner: learner.open_weight_group(address, port, world_size, backend))
+    layouts = _await_env_runners(env_runner_group, "weight_group", len(receivers))
+    if len(set(layouts)) != 1:
+        raise RuntimeError("the EnvRunners' engines disagree on the weight layout: are they the same model?")
+    return layouts[0]
+
+
+def broadcast(learner_group, env_runner_group, layout: WeightLayout, version: int) -> None:
+    """One sync: the engines start receiving, learner rank 0 sends the layout's tensors."""
+    receivers = env_runner_group.foreach_env_runner_async(lambda runner: runner.receive_weights(version), tag="weights")
+    learner_group.foreach_learner(lambda learner: learner.broadcast_weights(DEFAULT_MODULE_ID, layout))
+    _await_env_runners(env_runner_group, "weights", receivers)
+
+
+def _await_env_runners(env_runner_group, tag: str, expected: int) -> list:
+    """The results of the ``expected`` async calls ``tag`` on the remote EnvRunners."""
+    results, deadline = [], time.monotonic() + ANSWER_TIMEOUT_S
+    while len(results) < expected and time.monotonic() < deadline:
+        ready = env_runner_group.fetch_ready_async_reqs(tags=tag, timeout_seconds=1.0)
+        results += [value for _, value in ready]
+    if len(results) < expected:
+        raise RuntimeError(f"{expected - len(results)} EnvRunner(s) did not answer {tag!r} in {ANSWER_TIMEOUT_S} s")
+    return results

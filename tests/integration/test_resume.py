@@ -1,0 +1,115 @@
+"""Checkpoints: a run interrupted after a checkpoint and continued with ``rllib train file X.yaml
+--resume`` makes the same iterations (same prompts, rollouts, losses) and ends with the same
+weights as a run that was never interrupted; every checkpoint exports the policy as a
+transformers directory."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from rllib_arpo.cli import main
+
+pytestmark = pytest.mark.integration
+ITERATIONS = 3
+# a k1 KL penalty has a gradient even where every reward is equal (the untrained policy's): the
+# weights and AdamW's moments change every iteration, so a lost optimizer state shows
+EXPERIMENT = """
+resume-test:
+  run: ARPO
+  stop: {{training_iteration: {iterations}}}
+  config:
+    model_path: {model_path}
+    tools: {{search: {{backend: bm25, top_k: 2}}, python: {{timeout_s: 5}}}}
+    num_env_runners: 1
+    prompts_per_env_runner: 2
+    total_rollouts: 4
+    initial_rollouts: 2
+    max_response_tokens: 96
+    max_tool_result_tokens: 48
+    lr: 0.001
+    kl_coef: 0.1
+    kl_kind: k1
+    seed: 0
+  checkpoint_config: {{checkpoint_frequency: 1}}
+"""
+
+
+def results_of(storage: Path) -> list[dict]:
+    [result_file] = storage.glob("resume-test/*/result.json")
+    return [json.loads(line) for line in result_file.read_text().splitlines()]
+
+
+def iteration_summary(result: dict) -> tuple:
+    """What the iteration's prompts and weights determine: rollouts, rewards, losses."""
+    runners, learner = result["env_runners"], result["learners"]["default_policy"]
+    return (
+        result["training_iteration"], result["weights_version"], runners["generated_tokens"],
+        runners["reward_mean"], runners["branches"], learner["kl"], learner["total_loss"],
+    )  # fmt: skip
+
+
+def interrupt_after_first_checkpoint(experiment: str, storage: Path) -> None:
+    """``rllib train file`` in a process of its own, stopped with Ctrl-C (SIGINT) as soon as the
+    first checkpoint is written."""
+    command = [sys.executable, "-m", "rllib_arpo.cli", "train", "file", experiment, "--storage-path", str(storage)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    try:
+        deadline = time.monotonic() + 300
+        while not list(storage.glob("resume-test/*/checkpoint_000000/policy/model.safetensors")):
+            assert process.poll() is None, "the run ended before its first checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint after 300 s"
+            time.sleep(0.2)
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_resume_continues_exactly_as_an_uninterrupted_run(ray_session, tiny_model_path, tmp_path):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    experiment = tmp_path / "experiment.yaml"
+    experiment.write_text(EXPERIMENT.format(iterations=ITERATIONS, model_path=tiny_model_path))
+
+    interrupted = tmp_path / "interrupted"
+    interrupt_after_first_checkpoint(str(experiment), interrupted)
+    done_before_resume = len(results_of(interrupted))
+    assert 1 <= done_before_resume < ITERATIONS
+    assert main(["train", "file", str(experiment), "--storage-path", str(interrupted), "--resume"]) == 0
+    uninterrupted = tmp_path / "uninterrupted"
+    assert main(["train", "file", str(experiment), "--storage-path", str(uninterrupted)]) == 0
+
+    expected = [iteration_summary(r) for r in results_of(uninterrupted)]
+    resumed = {r["training_iteration"]: iteration_summary(r) for r in results_of(interrupted)}
+    assert [r[0] for r in expected] == list(range(1, ITERATIONS + 1))
+    assert [resumed[i] for i in range(1, ITERATIONS + 1)] == expected
+
+    last = f"checkpoint_{ITERATIONS - 1:06d}"
+    [expected_policy] = uninterrupted.glob(f"resume-test/*/{last}/policy")
+    [resumed_policy] = interrupted.glob(f"resume-test/*/{last}/policy")
+    expected_weights = load_file(expected_policy / "model.safetensors")
+    resumed_weights = load_file(resumed_policy / "model.safetensors")
+    assert expected_weights.keys() == resumed_weights.keys()
+    assert all(torch.equal(resumed_weights[k], v) for k, v in expected_weights.items())
+    # the exported policy is a transformers directory with those weights
+    model = AutoModelForCausalLM.from_pretrained(resumed_policy)
+    state = model.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in resumed_weights.items())
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model_path).state_dict()
+    assert not all(torch.equal(initial[k], v) for k, v in resumed_weights.items())
+
+
+def test_resume_without_a_previous_run_says_what_to_do(tmp_path, capsys):
+    experiment = tmp_path / "experiment.yaml"
+    experiment.write_text(EXPERIMENT.format(iterations=1, model_path="tiny"))
+    assert main(["train", "file", str(experiment), "--storage-path", str(tmp_path / "none"), "--resume"]) == 2
+    assert "--resume: no experiment to resume at" in capsys.readouterr().err

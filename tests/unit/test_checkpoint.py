@@ -1,0 +1,40 @@
+"""learner.checkpoint: safetensors with tied weights, the exported transformers directory, RNG states."""
+
+import random
+
+import numpy as np
+import torch
+
+from rllib_arpo.learner.checkpoint import export_policy, load_weights, rng_states, save_weights, set_rng_states
+from rllib_arpo.models.tiny_policy import build_tiny_policy, build_tokenizer
+
+
+def test_tied_weights_are_saved_as_copies_and_load_back(tmp_path):
+    shared = torch.arange(6.0).reshape(2, 3)
+    save_weights({"embed": shared, "head": shared, "bias": torch.ones(3, dtype=torch.bfloat16)}, tmp_path / "w")
+    loaded = load_weights(tmp_path / "w")
+    assert torch.equal(loaded["embed"], shared) and torch.equal(loaded["head"], shared)
+    assert loaded["bias"].dtype == torch.bfloat16
+
+
+def test_exported_policy_is_a_transformers_directory_with_the_given_weights(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = build_tokenizer(["<search>tower</search> <answer>Paris</answer>"], vocab_size=300)
+    model = build_tiny_policy(tokenizer, num_layers=1)
+    model.save_pretrained(tmp_path / "start")
+    tokenizer.save_pretrained(tmp_path / "start")
+    weights = {k: (v + 1).bfloat16() for k, v in model.state_dict().items()}
+    export_policy(weights, tmp_path / "start", tmp_path / "policy", "bfloat16")
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "policy")
+    assert exported.config.tie_word_embeddings and exported.dtype == torch.bfloat16
+    for name, value in exported.state_dict().items():
+        assert torch.equal(value, weights[name]), name
+    assert AutoTokenizer.from_pretrained(tmp_path / "policy").encode("<answer>") == tokenizer.encode("<answer>")
+
+
+def test_rng_states_restore_every_generator():
+    states = rng_states()
+    first = (random.random(), np.random.rand(), torch.rand(1))
+    set_rng_states(states)
+    assert (random.random(), np.random.rand(), torch.rand(1)) == first

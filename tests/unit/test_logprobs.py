@@ -1,0 +1,65 @@
+"""learner.logprobs.chunked_token_logprobs: exact values and gradients, chunk-sized logits only."""
+
+import pytest
+import torch
+
+from rllib_arpo.core.entropy import entropy_from_logits
+from rllib_arpo.learner.logprobs import chunked_token_logprobs
+
+TOKENS, HIDDEN, VOCAB, CHUNK = 50, 16, 300, 8
+
+
+def inputs():
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(TOKENS, HIDDEN, generator=generator, requires_grad=True)
+    targets = torch.randint(0, VOCAB, (TOKENS,), generator=generator)
+    lm_head = torch.nn.Linear(HIDDEN, VOCAB, bias=False)
+    torch.nn.init.normal_(lm_head.weight, generator=generator)
+    return hidden, targets, lm_head
+
+
+def test_values_entropies_and_gradients_equal_the_full_computation():
+    hidden, targets, lm_head = inputs()
+    logits = lm_head(hidden)
+    expected = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+    (expected * torch.linspace(-1, 1, TOKENS)).sum().backward()
+    expected_grads = hidden.grad.clone(), lm_head.weight.grad.clone()
+    hidden.grad, lm_head.weight.grad = None, None
+
+    logprobs, entropies = chunked_token_logprobs(hidden, targets, lm_head, chunk_size=CHUNK, with_entropy=True)
+    torch.testing.assert_close(logprobs, expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(entropies, entropy_from_logits(logits.detach()), atol=1e-5, rtol=0)
+    assert not entropies.requires_grad
+    (logprobs * torch.linspace(-1, 1, TOKENS)).sum().backward()
+    torch.testing.assert_close(hidden.grad, expected_grads[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(lm_head.weight.grad, expected_grads[1], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("chunk_size", [CHUNK, None])
+def test_no_full_vocabulary_tensor_is_made_or_kept_for_backward(chunk_size):
+    """The LM head only ever sees a chunk (forward and the backward's recomputation), and nothing
+    of [tokens, vocab] size is saved for the backward pass. Unchunked, both happen."""
+    hidden, targets, lm_head = inputs()
+    head_outputs, saved = [], []
+    lm_head.register_forward_hook(lambda module, args, output: head_outputs.append(tuple(output.shape)))
+
+    def pack(tensor):
+        saved.append(tensor.numel())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        logprobs, _ = chunked_token_logprobs(hidden, targets, lm_head, chunk_size=chunk_size)
+    logprobs.sum().backward()
+    largest_logits = max(rows for rows, _ in head_outputs) * VOCAB
+    if chunk_size is None:
+        assert largest_logits == TOKENS * VOCAB and max(saved) >= TOKENS * VOCAB
+    else:
+        # chunks of 8 rows: 7 of them forward, again in the backward pass
+        assert sorted(set(head_outputs)) == [(2, VOCAB), (CHUNK, VOCAB)] and len(head_outputs) == 2 * 7
+        assert largest_logits == CHUNK * VOCAB and max(saved) < TOKENS * VOCAB
+
+
+def test_shapes_are_checked():
+    hidden, targets, lm_head = inputs()
+    with pytest.raises(ValueError, match=r"hidden \[N, H\] and targets \[N\] expected, got \(50, 16\) and \(49,\)"):
+        chunked_token_logprobs(hidden, targets[:-1], lm_head, chunk_size=4)

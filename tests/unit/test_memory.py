@@ -1,0 +1,85 @@
+"""learner.memory: the per-GPU learner memory estimate, on a Qwen2.5-7B-shaped model."""
+
+import pytest
+
+from rllib_arpo.learner.memory import GIB, ModelShape, estimate_learner_memory
+
+P = 7_615_616_512  # Qwen2.5-7B
+QWEN_7B = ModelShape(num_parameters=P, hidden_size=3584, num_layers=28, vocab_size=152_064)
+NO_ACTIVATIONS = {"micro_batch_size": 0}
+
+
+def test_a_pure_bf16_ddp_replica_is_8_bytes_a_parameter_and_master_weights_18():
+    pure = estimate_learner_memory(QWEN_7B, dtype="bfloat16", master_weights=False, **NO_ACTIVATIONS)
+    assert (pure.weights, pure.gradients, pure.optimizer) == (2 * P, 2 * P, 4 * P)
+    assert pure.total / GIB == pytest.approx(56.74, abs=0.01)  # "about 60 GB before activations"
+    master = estimate_learner_memory(QWEN_7B, dtype="bfloat16", master_weights=True, **NO_ACTIVATIONS)
+    assert (master.weights, master.gradients, master.optimizer) == (6 * P, 4 * P, 8 * P)
+    two = estimate_learner_memory(QWEN_7B, dtype="bfloat16", num_learners=2, **NO_ACTIVATIONS)
+    assert two.gradients == 8 * P  # DDP's buckets beside the gradients
+
+
+@pytest.mark.parametrize(
+    "stage, offload, expected",
+    [
+        (1, False, (2 * P, 2 * P, 12 * P // 8, 0)),
+        (2, False, (2 * P, 2 * P // 8, 12 * P // 8, 0)),
+        (3, False, (2 * P // 8, 2 * P // 8, 12 * P // 8, 0)),
+        (2, True, (2 * P, 2 * P // 8, 0, 12 * P // 8)),
+        (3, True, (0, 2 * P // 8, 0, 12 * P // 8 + 2 * P // 8)),
+    ],
+)
+def test_zero_partitions_over_the_learners(stage, offload, expected):
+    memory = estimate_learner_memory(
+        QWEN_7B, dtype="bfloat16", learner_backend="deepspeed", num_learners=8, zero_stage=stage,
+        zero_offload=offload, **NO_ACTIVATIONS,
+    )  # fmt: skip
+    assert (memory.weights, memory.gradients, memory.optimizer, memory.offloaded) == expected
+
+
+def test_activations_and_logits_follow_checkpointing_and_chunking():
+    tokens = 1 * 4096
+    layer = 34 * tokens * 3584  # bf16
+    plain = estimate_learner_memory(QWEN_7B, dtype="bfloat16", micro_batch_size=1, sequence_length=4096)
+    assert plain.activations == 28 * layer
+    assert plain.logits == tokens * 152_064 * 10
+    saved = estimate_learner_memory(
+        QWEN_7B, dtype="bfloat16", micro_batch_size=1, sequence_length=4096, gradient_checkpointing=True,
+        logprob_chunk_size=1024,
+    )  # fmt: skip
+    assert saved.activations == 28 * tokens * 3584 * 2 + layer
+    assert saved.logits == plain.logits // 4
+    assert "total" in saved.table() and "GiB per GPU" in saved.table()
+
+
+def test_model_shape_counts_the_parameters_without_loading(tmp_path):
+    from rllib_arpo.models.tiny_policy import build_tiny_policy, build_tokenizer
+
+    tokenizer = build_tokenizer(["<search>tower</search>"], vocab_size=300)
+    model = build_tiny_policy(tokenizer, hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1)
+    model.save_pretrained(tmp_path)
+    shape = ModelShape.from_pretrained(str(tmp_path))
+    assert shape.num_parameters == sum(p.numel() for p in model.parameters())  # tied embeddings counted once
+    assert (shape.hidden_size, shape.num_layers, shape.vocab_size) == (64, 1, model.config.vocab_size)
+
+
+def test_the_config_fields_reach_the_estimate(tmp_path):
+    from rllib_arpo.algorithm import ARPOConfig
+    from rllib_arpo.learner.memory import learner_memory_of_config
+    from rllib_arpo.models.tiny_policy import build_tiny_policy, build_tokenizer
+
+    build_tiny_policy(build_tokenizer(["<search>x</search>"], vocab_size=300), num_layers=1).save_pretrained(tmp_path)
+    config = (
+        ARPOConfig()
+        .policy(model_path=str(tmp_path), dtype="bfloat16")
+        .rollouts(max_response_tokens=300)
+        .training(micro_batch_size=3)
+        .learners(num_learners=4, learner_backend="deepspeed", zero_stage=3, gradient_checkpointing=True,
+                  logprob_chunk_size=64)
+    )  # fmt: skip
+    expected = estimate_learner_memory(
+        ModelShape.from_pretrained(str(tmp_path)), dtype="bfloat16", learner_backend="deepspeed", num_learners=4,
+        zero_stage=3, micro_batch_size=3, sequence_length=300, gradient_checkpointing=True, logprob_chunk_size=64,
+    )  # fmt: skip
+    assert learner_memory_of_config(config) == expected
+    assert learner_memory_of_config(config, sequence_length=1000).activations > expected.activations
