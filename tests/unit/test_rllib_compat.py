@@ -108,12 +108,19 @@ def test_installed_ray_is_the_pinned_version():
     )
 
 
+def parameters_of(function) -> list[inspect.Parameter]:
+    """``function``'s parameters as RLlib wrote them. Once a subclass becomes a Ray actor (a remote
+    learner), Ray's tracing helper writes a ``_ray_trace_ctx`` keyword into the ``__signature__``
+    of every method the subclass inherits; that parameter is Ray's, not RLlib's."""
+    return [p for p in inspect.signature(function).parameters.values() if p.name != "_ray_trace_ctx"]
+
+
 # --- _uncompiled_update: the update hook -------------------------------------------------
 
 
 def test_update_hook_has_the_signature_we_override():
     def shape(function) -> list[tuple[str, inspect._ParameterKind]]:
-        return [(p.name, p.kind) for p in inspect.signature(function).parameters.values()]
+        return [(p.name, p.kind) for p in parameters_of(function)]
 
     positional, var_keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.VAR_KEYWORD
     expected = [("self", positional), ("batch", positional), ("kwargs", var_keyword)]
@@ -179,7 +186,7 @@ def test_data_parallel_hook_runs_once_at_the_end_of_build_with_optimizers_regist
 
     spy = type("SpyLearner", (ARPOTorchLearner,), {DATA_PARALLEL_HOOK: hook})
     learner = build_learner(model_dir, spy)
-    assert inspect.signature(getattr(TorchLearner, DATA_PARALLEL_HOOK)).parameters.keys() == {"self"}
+    assert [p.name for p in parameters_of(getattr(TorchLearner, DATA_PARALLEL_HOOK))] == ["self"]
     [(optimizer_names, module)] = seen
     assert optimizer_names == ["default_optimizer"] and module is learner.module
     assert DATA_PARALLEL_HOOK in vars(ARPODeepSpeedLearner)
