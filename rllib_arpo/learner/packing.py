@@ -65,6 +65,23 @@ PACKING_MODES = ("padded", "packed", "tree")
 
 
 @dataclass(frozen=True)
+class QueryBlock:
+    """Queries ``start:stop`` of a packed sequence, the keys any of them may attend to, and the
+    mask restricted to those: ``mask = attention_mask[start:stop][:, keys]``.
+
+    A dense ``[T, T]`` mask makes attention cost T^2 however few of its entries are True. Attention
+    over a block's own keys costs (stop - start) * len(keys): for packed rows or a tree that is
+    about what each row's own causal attention costs (a token sees its path, not the whole
+    micro-batch), so long micro-batches stay as cheap per token as short ones.
+    """
+
+    start: int
+    stop: int
+    keys: np.ndarray
+    mask: np.ndarray
+
+
+@dataclass(frozen=True)
 class PackedMicroBatch:
     """One forward pass over several rows without padding.
 
@@ -88,21 +105,24 @@ class PackedMicroBatch:
         rows: ``[R]`` indices (into the padded batch) of the rows this micro-batch computes.
         input_ids: ``[T]`` the packed tokens.
         position_ids: ``[T]`` each token's position in its rows.
-        attention_mask: ``[T, T]`` bool, True where query q may attend to key k; None for plain
-            packing, where ``position_ids`` restarting at 0 mark where each row begins.
+        attention_mask: ``[T, T]`` bool, True where query q may attend to key k.
         target_sources: ``[N]`` packed index of the hidden state that predicts each target.
         target_ids: ``[N]`` the target tokens.
         row_targets: ``[R, L - 1]``: entry t of row ``rows[r]`` (predicting its token t + 1) is the
             index of that target in ``target_ids``, or -1 where it is not computed.
+        query_blocks: the mask cut into blocks of consecutive queries (``QueryBlock``).
+        shares_prefixes: tree packing; False: every row laid out whole, one after another.
     """
 
     rows: np.ndarray
     input_ids: np.ndarray
     position_ids: np.ndarray
-    attention_mask: np.ndarray | None
+    attention_mask: np.ndarray
     target_sources: np.ndarray
     target_ids: np.ndarray
     row_targets: np.ndarray
+    query_blocks: tuple[QueryBlock, ...]
+    shares_prefixes: bool
 
     @property
     def num_tokens(self) -> int:
@@ -116,6 +136,7 @@ def pack_rows(
     *,
     max_tokens: int,
     share_prefixes: bool,
+    block_size: int = 128,
 ) -> list[PackedMicroBatch]:
     """Pack right-padded rows into micro-batches of at most ``max_tokens`` tokens each.
 
@@ -129,6 +150,7 @@ def pack_rows(
             in lexicographic order, so rows that share a prefix sit next to each other and each
             row shares with the one before it its longest common prefix with any earlier row.
             Without it (plain packing) the rows keep their order and every token is laid out.
+        block_size: queries per ``QueryBlock`` of the block-sparse attention.
 
     Returns:
         The micro-batches; every row appears in exactly one.
@@ -148,7 +170,7 @@ def pack_rows(
             tokens, shared = 0, 0
         groups[-1].append((i, shared))
         tokens += rows[i].size - shared
-    return [_layout(rows, group, needed, with_mask=share_prefixes) for group in groups]
+    return [_layout(rows, group, needed, block_size, share_prefixes) for group in groups]
 
 
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -158,14 +180,14 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 
 
 def _layout(
-    rows: list[np.ndarray], group: list[tuple[int, int]], needed: np.ndarray, with_mask: bool
+    rows: list[np.ndarray], group: list[tuple[int, int]], needed: np.ndarray, block_size: int, shares_prefixes: bool
 ) -> PackedMicroBatch:
     """The packed arrays of one micro-batch; ``group`` lists (row, tokens it shares with the row
     before it in the group)."""
     total = sum(rows[i].size - shared for i, shared in group)
     input_ids = np.zeros(total, dtype=np.int64)
     position_ids = np.zeros(total, dtype=np.int64)
-    attention_mask = np.zeros((total, total), dtype=bool) if with_mask else None
+    attention_mask = np.zeros((total, total), dtype=bool)
     predecessor = np.full(total, -1, dtype=np.int64)
     paths, cursor = [], 0
     for i, shared in group:
@@ -178,8 +200,7 @@ def _layout(
         input_ids[new] = rows[i][shared:]
         position_ids[new] = np.arange(shared, n)
         # the new token at depth d attends to the row's tokens at depths 0..d
-        if with_mask:
-            attention_mask[np.ix_(new, path)] = np.tri(n, dtype=bool)[shared:]
+        attention_mask[np.ix_(new, path)] = np.tri(n, dtype=bool)[shared:]
         predecessor[path[1:]] = path[:-1]
         paths.append(path)
         cursor += n - shared
@@ -202,4 +223,17 @@ def _layout(
         target_sources=predecessor[targets],
         target_ids=input_ids[targets],
         row_targets=row_targets,
+        query_blocks=query_blocks(attention_mask, block_size),
+        shares_prefixes=shares_prefixes,
     )
+
+
+def query_blocks(attention_mask: np.ndarray, block_size: int) -> tuple[QueryBlock, ...]:
+    """Split the queries of ``attention_mask`` [T, T] into blocks of ``block_size`` consecutive
+    tokens, each with the keys any of its queries may see (``QueryBlock``)."""
+    blocks = []
+    for start in range(0, attention_mask.shape[0], block_size):
+        rows = attention_mask[start : start + block_size]
+        keys = np.flatnonzero(rows.any(axis=0))
+        blocks.append(QueryBlock(start, start + rows.shape[0], keys, rows[:, keys]))
+    return tuple(blocks)

@@ -11,7 +11,7 @@ from rllib_arpo.core.advantages import compute_advantages
 from rllib_arpo.core.entropy import entropy_from_logits
 from rllib_arpo.core.losses import LOSS_AGGREGATIONS, compute_policy_loss
 from rllib_arpo.core.tree import RolloutTree
-from rllib_arpo.learner.packed_forward import packed_logprobs
+from rllib_arpo.learner.packed_forward import BLOCK_ATTENTION, packed_logprobs, use_block_attention
 from rllib_arpo.learner.packing import pack_rows, pad_rows
 from rllib_arpo.learner.rl_module import next_token_logprobs
 
@@ -23,7 +23,9 @@ ARCHITECTURES = {
 }
 
 
-def tiny_model(architecture: str, attn_implementation: str = "sdpa") -> torch.nn.Module:
+def tiny_model(architecture: str, attn_implementation: str = "blocks") -> torch.nn.Module:
+    """A 2-layer model with grouped-query attention; ``attn_implementation`` ``blocks`` is
+    ``BLOCK_ATTENTION`` (the learner's choice), else a transformers backend."""
     config_class, model_class = ARCHITECTURES[architecture]
     config = config_class(
         vocab_size=VOCAB,
@@ -36,9 +38,12 @@ def tiny_model(architecture: str, attn_implementation: str = "sdpa") -> torch.nn
         initializer_range=0.2,  # far from uniform next-token distributions
         tie_word_embeddings=architecture == "llama",
     )
-    config._attn_implementation = attn_implementation
+    config._attn_implementation = "sdpa" if attn_implementation == "blocks" else attn_implementation
     torch.manual_seed(0)
-    return model_class(config).eval()
+    model = model_class(config).eval()
+    if attn_implementation == "blocks":
+        use_block_attention(model)
+    return model
 
 
 def trees() -> list[RolloutTree]:
@@ -97,7 +102,12 @@ def unpadded_logprobs(model, batch) -> torch.Tensor:
 def packed_rows(model, batch, *, share_prefixes: bool, max_tokens: int) -> torch.Tensor:
     lengths = batch["attention_mask"].sum(axis=1)
     micros = pack_rows(
-        batch["input_ids"], lengths, batch["loss_mask"] > 0, max_tokens=max_tokens, share_prefixes=share_prefixes
+        batch["input_ids"],
+        lengths,
+        batch["loss_mask"] > 0,
+        max_tokens=max_tokens,
+        share_prefixes=share_prefixes,
+        block_size=8,  # several blocks per micro-batch, gathered and contiguous keys
     )
     rows = [packed_logprobs(model, micro)[0] for micro in micros]
     order = torch.as_tensor(np.concatenate([micro.rows for micro in micros]))
@@ -120,6 +130,7 @@ def loss_and_gradients(model, batch, logprobs_of, agg_mode: str) -> tuple[torch.
     return logprobs.detach(), [p.grad.clone() for p in model.parameters()]
 
 
+@pytest.mark.parametrize("attention", ["blocks", "sdpa"])
 @pytest.mark.parametrize("architecture", list(ARCHITECTURES))
 @pytest.mark.parametrize("attribution", ["soft", "hard"])
 @pytest.mark.parametrize("agg_mode", list(LOSS_AGGREGATIONS))
@@ -129,9 +140,10 @@ def loss_and_gradients(model, batch, logprobs_of, agg_mode: str) -> tuple[torch.
     ids=["packed", "packed-split", "tree", "tree-split"],
 )
 def test_log_probs_and_gradients_equal_the_unpadded_rows(
-    architecture, attribution, agg_mode, share_prefixes, max_tokens
+    attention, architecture, attribution, agg_mode, share_prefixes, max_tokens
 ):
-    model = tiny_model(architecture)
+    model = tiny_model(architecture, attention)
+    assert (model.config._attn_implementation == BLOCK_ATTENTION) == (attention == "blocks")
     batch = training_batch(model, attribution)
     mask = batch["loss_mask"] > 0
     expected, expected_gradients = loss_and_gradients(model, batch, unpadded_logprobs, agg_mode)
@@ -156,7 +168,7 @@ def test_the_tree_lays_out_fewer_tokens_than_the_rows_hold():
     assert micro.num_tokens == 6 + 32 + 3 + 8 == 49
 
 
-@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn_implementation", ["blocks", "sdpa", "eager"])
 def test_entropies_of_packed_targets_equal_the_unpadded_ones(attn_implementation):
     model = tiny_model("llama", attn_implementation)
     batch = training_batch(model, "soft")

@@ -97,12 +97,28 @@ def test_tree_packing_lays_out_a_shared_prefix_once():
     np.testing.assert_array_equal(micro.row_targets, [[0, -1, -1], [1, 2, 3], [1, 4, -1]])
 
 
+def test_query_blocks_hold_the_keys_their_queries_see():
+    [micro] = pack_rows(IDS, LENGTHS, ALL_TARGETS, max_tokens=100, share_prefixes=True, block_size=3)
+    # queries 0-2 (4, 6 of r2 and the 5 shared by r0, r1), 3-5 (6, 7, 8), 6 (9, r1's last token)
+    assert [(b.start, b.stop, b.keys.tolist()) for b in micro.query_blocks] == [
+        (0, 3, [0, 1, 2]),
+        (3, 6, [2, 3, 4, 5]),
+        (6, 7, [2, 3, 6]),
+    ]
+    for block in micro.query_blocks:
+        np.testing.assert_array_equal(block.mask, micro.attention_mask[block.start : block.stop][:, block.keys])
+
+
 def test_plain_packing_keeps_every_row_whole_and_in_order():
     [micro] = pack_rows(IDS, LENGTHS, ALL_TARGETS, max_tokens=100, share_prefixes=False)
     np.testing.assert_array_equal(micro.rows, [0, 1, 2])
     np.testing.assert_array_equal(micro.input_ids, [5, 6, 7, 8, 5, 6, 9, 4, 6])
     np.testing.assert_array_equal(micro.position_ids, [0, 1, 2, 3, 0, 1, 2, 0, 1])
-    assert micro.attention_mask is None  # the restarting positions delimit the rows
+    # block-diagonal: each row sees its own earlier tokens
+    expected = np.zeros((9, 9), dtype=bool)
+    for start, stop in [(0, 4), (4, 7), (7, 9)]:
+        expected[start:stop, start:stop] = np.tri(stop - start, dtype=bool)
+    np.testing.assert_array_equal(micro.attention_mask, expected)
     np.testing.assert_array_equal(micro.target_sources, [0, 1, 2, 4, 5, 7])
     np.testing.assert_array_equal(micro.target_ids, [6, 7, 8, 6, 9, 6])
     np.testing.assert_array_equal(micro.row_targets, [[0, 1, 2], [3, 4, -1], [5, -1, -1]])
