@@ -8,7 +8,8 @@ Every contender trains the same policy (by default SmolLM2-135M-Instruct) on the
 them), with P prompts per step and M trajectories per prompt, at most ``--max-tokens`` generated
 tokens per trajectory, the same sampling (temperature 1, top-p 1), learning rate, clip range
 (eps_low 0.2, eps_high 0.28), token-mean loss (TRL: ``loss_type="dapo"``), no KL term, one update
-per batch, gradient clipping at 1.0, micro-batches of ``--micro-batch`` rows, and the same reward:
+per batch, gradient clipping at 1.0, micro-batches of ``--micro-batch`` rows (this project's
+learner: laid out by ``--packing``, by default a tree of ``micro_batch_tokens``), and the same reward:
 this project's hierarchical reward (``core.rewards.hierarchical_reward``) wrapped as a TRL reward
 function. The defaults follow this project's SmolLM2 ARPO config (P = 4, M = 4, 192 tokens, lr 1e-5).
 
@@ -55,6 +56,9 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=4, help="M: trajectories per prompt")
     parser.add_argument("--max-tokens", type=int, default=192, help="generated tokens per trajectory, at most")
     parser.add_argument("--micro-batch", type=int, default=4, help="rows per forward/backward pass")
+    parser.add_argument(
+        "--packing", default="tree", choices=["padded", "packed", "tree"], help="this project's learner layout"
+    )
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--json", help="also write the results here")
@@ -83,7 +87,7 @@ def run_in_subprocess(name: str, args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out, log = Path(tmp) / "result.json", Path(tempfile.gettempdir()) / f"bench_peer_trl.{name}.log"
         argv = [sys.executable, __file__, "--run", name, "--out", str(out)]
-        for key in ("model", "steps", "warmup", "prompts", "rollouts", "max_tokens", "micro_batch", "lr"):
+        for key in ("model", "steps", "warmup", "prompts", "rollouts", "max_tokens", "micro_batch", "packing", "lr"):
             argv += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
         print(f"running {name} (log: {log}) ...", flush=True)
         start = time.perf_counter()
@@ -125,6 +129,7 @@ def ours_config(args, name: str) -> dict:
         "lr": args.lr,
         "grad_clip": 1.0,
         "micro_batch_size": args.micro_batch,
+        "packing": args.packing,
         "seed": 0,
     }
     if name == "ours-grpo":
@@ -316,7 +321,7 @@ def print_table(results: dict, args) -> None:
     print(
         f"\n{args.model}, P = {args.prompts} prompts x M = {args.rollouts} trajectories per step, "
         f"<= {args.max_tokens} tokens each, {args.steps} measured steps after {args.warmup} warm-up, "
-        f"{os.cpu_count()} CPU cores"
+        f"{os.cpu_count()} CPU cores; this project's learner: packing {args.packing}"
     )
     header = (
         f"| {'contender':<66} | wall s/step | generation s | gen tok/s | learner s | learner tok/s "

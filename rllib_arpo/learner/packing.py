@@ -237,3 +237,35 @@ def query_blocks(attention_mask: np.ndarray, block_size: int) -> tuple[QueryBloc
         keys = np.flatnonzero(rows.any(axis=0))
         blocks.append(QueryBlock(start, start + rows.shape[0], keys, rows[:, keys]))
     return tuple(blocks)
+
+
+def micro_batches(
+    input_ids: np.ndarray,
+    attention_mask: np.ndarray,
+    loss_mask: np.ndarray,
+    *,
+    packing: str,
+    micro_batch_size: int,
+    micro_batch_tokens: int,
+) -> list[tuple[np.ndarray, PackedMicroBatch | None]]:
+    """The learner's micro-batches of a padded batch (``pad_rows``): each is (row indices, packed
+    layout or None).
+
+    ``padded``: ``micro_batch_size`` consecutive rows, computed padded (no layout). ``packed`` and
+    ``tree``: rows packed by ``pack_rows`` into micro-batches of at most ``micro_batch_tokens``
+    tokens, computing only the trained targets; ``tree`` lays each shared prefix out once."""
+    if packing not in PACKING_MODES:
+        raise ValueError(f"packing must be one of {list(PACKING_MODES)}, got {packing!r}")
+    rows = input_ids.shape[0]
+    if packing == "padded":
+        return [
+            (np.arange(start, min(start + micro_batch_size, rows)), None) for start in range(0, rows, micro_batch_size)
+        ]
+    packed = pack_rows(
+        input_ids,
+        attention_mask.sum(axis=1),
+        loss_mask > 0,
+        max_tokens=micro_batch_tokens,
+        share_prefixes=packing == "tree",
+    )
+    return [(micro.rows, micro) for micro in packed]
