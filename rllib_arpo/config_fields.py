@@ -199,11 +199,11 @@ class LearnerSettings:
         "no [tokens, vocab] float32 tensor is held; null: all at once.",
     )
     packing: str = setting(
-        "padded",
+        "tree",
         "How the learner lays out a micro-batch: `padded` (`micro_batch_size` rows, right-padded), `packed` (rows "
         "end to end without padding, up to `micro_batch_tokens` tokens) or `tree` (packed, each prefix that rows "
         "share, a prompt or the span above an ARPO branch, computed once; tree attention mask). The same update "
-        "in every mode; torch backend only.",
+        "in every mode; packed/tree: torch backend only (set `padded` with `learner_backend: deepspeed`).",
     )
     micro_batch_tokens: int = setting(
         4096, "With `packing` packed/tree: tokens per forward/backward pass (a longer row gets one of its own)."

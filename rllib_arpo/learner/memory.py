@@ -195,7 +195,12 @@ def out_of_memory_advice(config: Any, rows: int, length: int) -> str:
     knobs.append(
         f"max_response_tokens: {config.max_response_tokens} (the longest row; this micro-batch had {length} tokens)"
     )
-    lines = [f"the learner ran out of memory on a micro-batch of {rows} rows x {length} tokens. Settings to change:"]
+    micro_batch = (
+        f"a micro-batch of {rows} rows x {length} tokens"
+        if config.packing == "padded"
+        else f"a {config.packing}-packed micro-batch of <= {config.micro_batch_tokens} tokens (rows <= {length})"
+    )
+    lines = [f"the learner ran out of memory on {micro_batch}. Settings to change:"]
     lines += [f"  - {knob}" for knob in knobs]
     try:
         estimate = learner_memory_of_config(config, sequence_length=length)

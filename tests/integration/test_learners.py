@@ -45,7 +45,7 @@ def learner_config(model_dir: str, num_learners: int, **learners):
         ARPOConfig()
         .policy(model_path=model_dir)
         .training(lr=LR, micro_batch_size=2, grad_clip=100.0)  # large: logs the norm, never clips
-        .learners(num_learners=num_learners, num_cpus_per_learner=1, **learners)
+        .learners(num_learners=num_learners, num_cpus_per_learner=1, **{"packing": "padded", **learners})
     )
 
 

@@ -290,7 +290,7 @@ def test_chunked_logprobs_give_the_same_loss_gradients_and_entropies(model_dir, 
 def test_out_of_memory_names_the_settings_to_change(model_dir, monkeypatch):
     from rllib_arpo.learner.memory import LearnerOutOfMemoryError
 
-    learner = build_learner(model_dir, micro_batch_size=4)
+    learner = build_learner(model_dir, micro_batch_size=4, learners={"packing": "padded"})
     batch = training_batch(learner)
 
     def out_of_memory(*args, **kwargs):
@@ -307,6 +307,12 @@ def test_out_of_memory_names_the_settings_to_change(model_dir, monkeypatch):
         assert knob in message, knob
     assert "GiB per GPU" in message  # the estimate of the current layout
     assert isinstance(caught.value.__cause__, torch.OutOfMemoryError)
+
+    tree = build_learner(model_dir, learners={"packing": "tree", "micro_batch_tokens": 64})
+    monkeypatch.setattr(module_of(tree), "forward_train", out_of_memory)
+    with pytest.raises(LearnerOutOfMemoryError, match="tree-packed micro-batch of <= 64 tokens") as caught:
+        update(tree, batch)
+    assert "micro_batch_tokens: 64 -> 32" in str(caught.value)
 
     # any other error passes through as it is
     monkeypatch.setattr(module_of(learner), "forward_train", lambda *a, **k: 1 / 0)

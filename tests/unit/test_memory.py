@@ -75,7 +75,7 @@ def test_the_config_fields_reach_the_estimate(tmp_path):
         .rollouts(max_response_tokens=300)
         .training(micro_batch_size=3)
         .learners(num_learners=4, learner_backend="deepspeed", zero_stage=3, gradient_checkpointing=True,
-                  logprob_chunk_size=64)
+                  logprob_chunk_size=64, packing="padded")
     )  # fmt: skip
     expected = estimate_learner_memory(
         ModelShape.from_pretrained(str(tmp_path)), dtype="bfloat16", learner_backend="deepspeed", num_learners=4,
