@@ -165,7 +165,14 @@ class ARPOConfig(AlgorithmConfig):
     def _model_config_auto_includes(self) -> dict[str, Any]:
         return {
             key: getattr(self, key)
-            for key in ("model_path", "dtype", "master_weights", "gradient_checkpointing", "logprob_chunk_size")
+            for key in (
+                "model_path",
+                "dtype",
+                "master_weights",
+                "gradient_checkpointing",
+                "logprob_chunk_size",
+                "packing",
+            )
         }
 
     def validate(self) -> None:

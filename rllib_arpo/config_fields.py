@@ -17,6 +17,7 @@ from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS
 from rllib_arpo.core.losses import LOSS_AGGREGATIONS, POLICY_LOSSES
 from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.core.settings import setting
+from rllib_arpo.learner.packing import PACKING_MODES
 from rllib_arpo.rollout.engine import ENGINES
 from rllib_arpo.rollout.settings import RolloutSettings
 
@@ -197,8 +198,26 @@ class LearnerSettings:
         "Log-probabilities over this many tokens at a time, each chunk's logits recomputed in the backward pass, so "
         "no [tokens, vocab] float32 tensor is held; null: all at once.",
     )
+    packing: str = setting(
+        "tree",
+        "How the learner lays out a micro-batch: `padded` (`micro_batch_size` rows, right-padded), `packed` (rows "
+        "end to end without padding, up to `micro_batch_tokens` tokens) or `tree` (packed, each prefix that rows "
+        "share, a prompt or the span above an ARPO branch, computed once; tree attention mask). The same update "
+        "in every mode; packed/tree: torch backend only (set `padded` with `learner_backend: deepspeed`).",
+    )
+    micro_batch_tokens: int = setting(
+        4096, "With `packing` packed/tree: tokens per forward/backward pass (a longer row gets one of its own)."
+    )
 
     def __post_init__(self) -> None:
+        if self.packing not in PACKING_MODES:
+            raise ValueError(f"packing must be one of {list(PACKING_MODES)}, got {self.packing!r}")
+        if self.packing != "padded" and self.learner_backend != "torch":
+            raise ValueError(
+                f"packing: {self.packing} needs learner_backend: torch (the DeepSpeed learner needs as many "
+                "micro-batches on every learner); use packing: padded with learner_backend: deepspeed"
+            )
+        _at_least({"micro_batch_tokens": (self.micro_batch_tokens, 1)})
         if self.learner_backend not in LEARNER_BACKENDS:
             raise ValueError(f"learner_backend must be one of {list(LEARNER_BACKENDS)}, got {self.learner_backend!r}")
         if self.weight_sync not in WEIGHT_SYNCS:

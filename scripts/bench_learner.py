@@ -1,15 +1,24 @@
-"""Learner throughput (trained tokens/s) and peak memory per learner for learner layouts side by
-side: one learner, DDP, DeepSpeed ZeRO, on the same batch, every learner a Ray actor of its own.
+"""Learner throughput (trained tokens/s) and peak memory per learner for learner layouts and batch
+layouts side by side: one learner, DDP, DeepSpeed ZeRO; padded, packed and tree-packed
+micro-batches; on the same batch, every learner a Ray actor of its own.
 
     python scripts/bench_learner.py --model-path tiny smollm2-135m
     python scripts/bench_learner.py --model-path tiny --layouts torch-1 ddp-2 zero2-2 zero3-2 --rows 16
+    python scripts/bench_learner.py --model-path tiny smollm2-135m --layouts torch-1 \
+        --packing padded packed tree --rollouts tuned_examples/arpo_tiny.yaml --rollout-prompts 4
 
 A case is a model, a ``Layout`` (how the learners hold the policy) and a ``BatchShape`` (how the
-batch is made); each gets fresh learner processes, one warm-up update, then the median of
-``--repeats`` updates. tokens/s counts trained tokens (the loss mask), summed over the learners;
-peak memory is each learner process's peak resident set (``ru_maxrss``, the model load included)
-beside ``learner.memory``'s estimate of the learner's own state. Add a batch shape (packed rows,
-...) by adding a ``BatchShape`` field and a branch in ``make_batch``.
+batch is made and laid out); each gets fresh learner processes, one warm-up update, then the
+median of ``--repeats`` updates. tokens/s counts trained tokens (the loss mask), summed over the
+learners; peak memory is each learner process's peak resident set (``ru_maxrss``, the model load
+included) beside ``learner.memory``'s estimate of the learner's own state.
+
+Batches: random tokens, ``--shared-tokens`` of each row's response shared by the rows of its
+prompt group (``--group-size`` rows share the prompt too, as a GRPO group or an ARPO tree
+does), or with ``--rollouts CONFIG`` the batch of one real sampling step of that experiment
+(its model replaced by ``--model-path``, ``--rollout-prompts`` prompts): trees from the rollout
+engine, advantages from its estimator, rows by ``pad_rows``, as ``algorithm.training_step``
+makes them. Add a batch shape by adding a ``BatchShape`` field and a branch in ``make_batch``.
 """
 
 from __future__ import annotations
@@ -18,7 +27,8 @@ import argparse
 import resource
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 import ray
@@ -57,12 +67,22 @@ LAYOUTS = {
 
 @dataclass(frozen=True)
 class BatchShape:
-    """Rows of ``prompt_tokens`` + ``response_tokens`` (the response trained), padded."""
+    """Rows of ``prompt_tokens`` + ``response_tokens`` (the response trained), in groups of
+    ``group_size`` rows with one prompt and the first ``shared_tokens`` response tokens in common;
+    or the batch of one sampling step of the experiment ``rollouts`` (a tuned-example YAML) with
+    ``rollout_prompts`` prompts. The learner lays it out by ``packing`` (``micro_batch_size``
+    padded rows, or ``micro_batch_tokens`` packed tokens)."""
 
     rows: int = 8
     prompt_tokens: int = 32
     response_tokens: int = 96
+    group_size: int = 1
+    shared_tokens: int = 0
     micro_batch_size: int = 4
+    packing: str = "padded"
+    micro_batch_tokens: int = 4096
+    rollouts: str | None = None
+    rollout_prompts: int = 4
     extra: dict = field(default_factory=dict)
 
 
@@ -73,12 +93,15 @@ def make_batch(shape: BatchShape, vocab_size: int, seed: int = 0) -> dict[str, n
 
     rng = np.random.default_rng(seed)
     rows, advantages = [], []
-    for _ in range(shape.rows):
+    for i in range(shape.rows):
+        if i % shape.group_size == 0:
+            prompt = rng.integers(1, vocab_size, shape.prompt_tokens)
+            shared = rng.integers(1, vocab_size, shape.shared_tokens)
         n = shape.response_tokens
         rows.append(
             TrajectoryRow(
-                prompt_ids=rng.integers(1, vocab_size, shape.prompt_tokens),
-                response_ids=rng.integers(1, vocab_size, n),
+                prompt_ids=prompt,
+                response_ids=np.concatenate([shared, rng.integers(1, vocab_size, n - shape.shared_tokens)]),
                 loss_mask=np.ones(n, dtype=np.float32),
                 old_logprobs=rng.normal(-5.0, 1.0, n).astype(np.float32),
                 entropies=np.zeros(n, dtype=np.float32),
@@ -87,6 +110,43 @@ def make_batch(shape: BatchShape, vocab_size: int, seed: int = 0) -> dict[str, n
         )
         advantages.append(np.full(n, rng.normal(), dtype=np.float32))
     return pad_rows(rows, advantages, pad_token_id=0)
+
+
+def rollout_batch(experiment_file: str, model_path: str, prompts: int) -> dict[str, np.ndarray]:
+    """The training batch of one sampling step of ``experiment_file``'s config with ``model_path``
+    and ``prompts`` prompts, in this process (local EnvRunner), as ``training_step`` builds it."""
+    import yaml
+
+    from rllib_arpo.algorithm import ARPOConfig
+    from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
+    from rllib_arpo.learner.packing import pad_rows
+
+    experiment = next(iter(yaml.safe_load(Path(experiment_file).read_text()).values()))
+    config = ARPOConfig().update_from_dict(experiment.get("config") or {})
+    config.update_from_dict({"model_path": model_path, "num_env_runners": 0, "held_out_interval": 0})
+    config.update_from_dict({"prompts_per_env_runner": prompts})
+    algo = config.build_algo()
+    try:
+        [rollouts] = algo.sample_rollouts()
+    finally:
+        algo.stop()
+    options = ADVANTAGE_ESTIMATORS.get(config.advantage_estimator).options_from(config)
+    attributed = compute_advantages(config.advantage_estimator, rollouts.trees, rollouts.rewards, **options)
+    return pad_rows(attributed.rows, attributed.advantages, rollouts.pad_token_id)
+
+
+def batch_tokens(batch: dict[str, np.ndarray], packing: str) -> int:
+    """Tokens one learner's forward passes hold: every row padded to the longest (``padded``),
+    the rows' own (``packed``), or their prefix tree's (``tree``)."""
+    from rllib_arpo.learner.packing import pack_rows
+
+    if packing == "padded":
+        return int(batch["input_ids"].size)
+    lengths = batch["attention_mask"].sum(axis=1)
+    if packing == "packed":
+        return int(lengths.sum())
+    [tree] = pack_rows(batch["input_ids"], lengths, batch["loss_mask"] > 0, max_tokens=2**62, share_prefixes=True)
+    return tree.num_tokens
 
 
 @dataclass
@@ -100,7 +160,7 @@ def _peak_rss_gib(_learner) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
 
 
-def measure(model_path: str, layout: Layout, shape: BatchShape, repeats: int) -> Measurement:
+def measure(model_path: str, layout: Layout, shape: BatchShape, batch: dict, repeats: int) -> Measurement:
     from ray.rllib.core import DEFAULT_MODULE_ID
 
     from rllib_arpo.algorithm import ARPOConfig
@@ -114,12 +174,16 @@ def measure(model_path: str, layout: Layout, shape: BatchShape, repeats: int) ->
         ARPOConfig()
         .policy(model_path=path)
         .training(lr=1e-6, micro_batch_size=shape.micro_batch_size)
-        .learners(num_cpus_per_learner=1, **layout.config_fields())
+        .learners(
+            num_cpus_per_learner=1,
+            packing=shape.packing,
+            micro_batch_tokens=shape.micro_batch_tokens,
+            **layout.config_fields(),
+        )
     )
     from transformers import AutoConfig
 
     vocab_size = AutoConfig.from_pretrained(path).vocab_size
-    batch = make_batch(shape, vocab_size)
     tokens = int(batch["loss_mask"].sum())
     group = config.build_learner_group(spaces={DEFAULT_MODULE_ID: placeholder_spaces(vocab_size)})
     try:
@@ -132,7 +196,7 @@ def measure(model_path: str, layout: Layout, shape: BatchShape, repeats: int) ->
         peaks = [r.get() for r in group.foreach_learner(_peak_rss_gib)]
     finally:
         group.shutdown()
-    length = shape.prompt_tokens + shape.response_tokens
+    length = batch["input_ids"].shape[1]
     estimate = learner_memory_of_config(config, sequence_length=length).total / GIB
     return Measurement(tokens / statistics.median(seconds), peaks, estimate)
 
@@ -141,30 +205,67 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-path", nargs="+", default=["tiny", "smollm2-135m"])
     parser.add_argument("--layouts", nargs="+", default=["torch-1", "ddp-2", "zero2-1", "zero2-2"], choices=LAYOUTS)
+    parser.add_argument("--packing", nargs="+", default=["padded"], choices=["padded", "packed", "tree"])
     parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--response-tokens", type=int, default=96)
+    parser.add_argument("--group-size", type=int, default=1, help="rows per prompt (random batches)")
+    parser.add_argument("--shared-tokens", type=int, default=0, help="response tokens a group shares")
     parser.add_argument("--micro-batch-size", type=int, default=4)
+    parser.add_argument("--micro-batch-tokens", type=int, default=4096)
+    parser.add_argument("--rollouts", help="a tuned-example YAML: the batch of one real sampling step of it")
+    parser.add_argument("--rollout-prompts", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    shape = BatchShape(rows=args.rows, response_tokens=args.response_tokens, micro_batch_size=args.micro_batch_size)
+    shape = BatchShape(
+        rows=args.rows,
+        prompt_tokens=args.prompt_tokens,
+        response_tokens=args.response_tokens,
+        group_size=args.group_size,
+        shared_tokens=args.shared_tokens,
+        micro_batch_size=args.micro_batch_size,
+        micro_batch_tokens=args.micro_batch_tokens,
+        rollouts=args.rollouts,
+        rollout_prompts=args.rollout_prompts,
+    )
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    print(f"batch: {shape.rows} rows x ({shape.prompt_tokens} + {shape.response_tokens}) tokens, "
-          f"micro-batches of {shape.micro_batch_size}, median of {args.repeats} updates")  # fmt: skip
-    print("| model | layout | learners | trained tokens/s | vs first | peak RSS per learner (GiB) | estimate (GiB) |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        f"micro-batches of {shape.micro_batch_size} rows (padded) or {shape.micro_batch_tokens} tokens (packed, "
+        f"tree), median of {args.repeats} updates"
+    )
+    print(
+        "| model | batch | layout | packing | learners | trained tokens | tokens laid out | trained tokens/s "
+        "| vs first | peak RSS per learner (GiB) | estimate (GiB) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for model_path in args.model_path:
+        batch = batch_of(shape, model_path)
+        rows, length = batch["input_ids"].shape
+        described = f"{rows} rows <= {length} tokens" + (f", {Path(shape.rollouts).stem}" if shape.rollouts else "")
         first = None
         for name in args.layouts:
             layout = LAYOUTS[name]
-            result = measure(model_path, layout, shape, args.repeats)
-            first = first or result.tokens_per_s
-            peaks = ", ".join(f"{peak:.2f}" for peak in result.peak_rss_gib)
-            print(
-                f"| {model_path} | {layout.name} | {layout.num_learners} | {result.tokens_per_s:.0f} | "
-                f"{result.tokens_per_s / first:.2f}x | {peaks} | {result.estimate_gib:.2f} |",
-                flush=True,
-            )
+            for packing in args.packing:
+                result = measure(model_path, layout, replace(shape, packing=packing), batch, args.repeats)
+                first = first or result.tokens_per_s
+                peaks = ", ".join(f"{peak:.2f}" for peak in result.peak_rss_gib)
+                print(
+                    f"| {model_path} | {described} | {layout.name} | {packing} | {layout.num_learners} | "
+                    f"{int(batch['loss_mask'].sum())} | {batch_tokens(batch, packing)} | {result.tokens_per_s:.0f} | "
+                    f"{result.tokens_per_s / first:.2f}x | {peaks} | {result.estimate_gib:.2f} |",
+                    flush=True,
+                )
     ray.shutdown()
+
+
+def batch_of(shape: BatchShape, model_path: str) -> dict[str, np.ndarray]:
+    from transformers import AutoConfig
+
+    from rllib_arpo.models.cache import resolve_model_path
+
+    if shape.rollouts:
+        return rollout_batch(shape.rollouts, model_path, shape.rollout_prompts)
+    return make_batch(shape, AutoConfig.from_pretrained(resolve_model_path(model_path)).vocab_size)
 
 
 if __name__ == "__main__":

@@ -131,9 +131,11 @@ def estimate_learner_memory(
 
 def learner_memory_of_config(config: Any, sequence_length: int | None = None) -> LearnerMemory:
     """``estimate_learner_memory`` for an ``ARPOConfig``; the sequence length defaults to the
-    longest row the rollout settings allow (prompt budget not included: add it if you know it)."""
+    longest row the rollout settings allow (prompt budget not included: add it if you know it).
+    A packed micro-batch (``packing`` packed/tree) is one sequence of ``micro_batch_tokens``."""
     from rllib_arpo.models.cache import resolve_model_path
 
+    packed = config.packing != "padded"
     return estimate_learner_memory(
         ModelShape.from_pretrained(resolve_model_path(config.model_path)),
         dtype=config.dtype,
@@ -142,8 +144,8 @@ def learner_memory_of_config(config: Any, sequence_length: int | None = None) ->
         num_learners=config.num_learners,
         zero_stage=config.zero_stage,
         zero_offload=config.zero_offload,
-        micro_batch_size=config.micro_batch_size,
-        sequence_length=sequence_length or config.max_response_tokens,
+        micro_batch_size=1 if packed else config.micro_batch_size,
+        sequence_length=config.micro_batch_tokens if packed else sequence_length or config.max_response_tokens,
         gradient_checkpointing=config.gradient_checkpointing,
         logprob_chunk_size=config.logprob_chunk_size,
     )
@@ -166,10 +168,16 @@ def is_out_of_memory(error: BaseException) -> bool:
 def out_of_memory_advice(config: Any, rows: int, length: int) -> str:
     """What to change when one micro-batch of ``rows`` x ``length`` tokens did not fit, each knob
     with its current value, most effective first; with the estimate of the current layout."""
-    knobs = [
-        f"micro_batch_size: {config.micro_batch_size} -> {max(config.micro_batch_size // 2, 1)} (rows per "
-        "forward/backward; the update stays the same)",
-    ]
+    if config.packing == "padded":
+        knobs = [
+            f"micro_batch_size: {config.micro_batch_size} -> {max(config.micro_batch_size // 2, 1)} (rows per "
+            "forward/backward; the update stays the same)",
+        ]
+    else:
+        knobs = [
+            f"micro_batch_tokens: {config.micro_batch_tokens} -> {max(config.micro_batch_tokens // 2, 1)} (packed "
+            "tokens per forward/backward; the update stays the same)",
+        ]
     if config.logprob_chunk_size is None:
         knobs.append("logprob_chunk_size: null -> 1024 (no full [tokens, vocab] float32 logits)")
     if not config.gradient_checkpointing:
@@ -187,7 +195,12 @@ def out_of_memory_advice(config: Any, rows: int, length: int) -> str:
     knobs.append(
         f"max_response_tokens: {config.max_response_tokens} (the longest row; this micro-batch had {length} tokens)"
     )
-    lines = [f"the learner ran out of memory on a micro-batch of {rows} rows x {length} tokens. Settings to change:"]
+    micro_batch = (
+        f"a micro-batch of {rows} rows x {length} tokens"
+        if config.packing == "padded"
+        else f"a {config.packing}-packed micro-batch of <= {config.micro_batch_tokens} tokens (rows <= {length})"
+    )
+    lines = [f"the learner ran out of memory on {micro_batch}. Settings to change:"]
     lines += [f"  - {knob}" for knob in knobs]
     try:
         estimate = learner_memory_of_config(config, sequence_length=length)

@@ -23,6 +23,11 @@ from ray.rllib.core.rl_module.torch import TorchRLModule
 from rllib_arpo.core.entropy import entropy_from_logits
 from rllib_arpo.learner.checkpoint import WEIGHTS_FILE, load_weights, save_weights
 from rllib_arpo.learner.logprobs import chunked_token_logprobs
+from rllib_arpo.learner.packed_forward import packed_logprobs, use_block_attention
+
+PACKED = "packed"
+"""Batch key of a packed micro-batch's layout (``learner.packing.PackedMicroBatch``): with it the
+module computes the log-probs of the packed rows (``packed_forward.packed_logprobs``)."""
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -44,11 +49,15 @@ def sequence_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(x_t | x_<t) for t = 1..L-1 of padded rows ``input_ids`` [B, L]: ``[B, L-1]`` float32,
     and (``with_entropy``, no gradient) the entropy of each of those next-token distributions.
+    With a packed layout under ``PACKED`` only its rows' trained targets are computed, packed
+    (``packed_forward.packed_logprobs``; 0 elsewhere).
 
     ``chunk_size`` None: the model's full logits at once (any causal LM). Otherwise the final
     hidden states go through the LM head ``chunk_size`` positions at a time, each chunk recomputed
     in the backward pass (``learner.logprobs``): no full ``[B * L, V]`` float32 tensor exists.
     """
+    if PACKED in batch:
+        return packed_logprobs(model, batch[PACKED], chunk_size=chunk_size, with_entropy=with_entropy)
     input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
     if chunk_size is None:
         logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
@@ -76,7 +85,14 @@ def load_reference_model(model_config: dict, device) -> torch.nn.Module:
 
     dtype = DTYPES[model_config.get("dtype", "float32")]
     model = AutoModelForCausalLM.from_pretrained(model_config["model_path"], dtype=dtype).to(device).eval()
+    _attend_in_blocks_if_packed(model, model_config)
     return model.requires_grad_(False)
+
+
+def _attend_in_blocks_if_packed(model: torch.nn.Module, model_config: dict) -> None:
+    """Packed micro-batches attend block by block (``packed_forward.use_block_attention``)."""
+    if model_config.get("packing", "padded") != "padded":
+        use_block_attention(model)
 
 
 def hf_state_dict(module_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -88,7 +104,8 @@ class CausalLMModule(TorchRLModule):
     """``model_config``: ``model_path`` (a ``save_pretrained`` directory), ``dtype`` (the compute
     dtype: ``float32`` | ``bfloat16`` | ``float16``), ``master_weights`` (keep the weights in
     float32 and compute in ``dtype`` under autocast), ``gradient_checkpointing`` (recompute each
-    layer's activations in the backward pass), ``logprob_chunk_size`` (``sequence_logprobs``)."""
+    layer's activations in the backward pass), ``logprob_chunk_size`` (``sequence_logprobs``),
+    ``packing`` (other than ``padded``: block-sparse attention for packed micro-batches)."""
 
     def setup(self) -> None:
         from transformers import AutoModelForCausalLM
@@ -101,6 +118,7 @@ class CausalLMModule(TorchRLModule):
         self.model = AutoModelForCausalLM.from_pretrained(cfg["model_path"], dtype=weights_dtype)
         if cfg.get("gradient_checkpointing"):
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        _attend_in_blocks_if_packed(self.model, cfg)
         self.logprob_chunk_size = cfg.get("logprob_chunk_size")
 
     def _autocast(self):

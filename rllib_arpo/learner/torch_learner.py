@@ -2,9 +2,11 @@
 
 One ``update`` call trains on a batch of padded trajectory rows (``learner.packing.pad_rows``)
 whose advantages were already attributed by the estimator chosen in the config. The policy loss
-comes from ``core.losses`` (``config.policy_loss``). The batch is split into micro-batches of
-``config.micro_batch_size`` rows whose gradients accumulate, so memory is bounded by the
-micro-batch while the loss equals the whole batch's loss: each micro-batch loss is weighted by
+comes from ``core.losses`` (``config.policy_loss``). The batch is split into micro-batches
+(``learner.packing.micro_batches``: ``micro_batch_size`` padded rows, or with ``packing``
+``packed``/``tree`` rows packed into ``micro_batch_tokens`` tokens, shared prefixes laid out once)
+whose gradients accumulate, so memory is bounded by the micro-batch while the loss equals the
+whole batch's loss: each micro-batch loss is weighted by
 its share of the batch's aggregation denominator (trained tokens for ``token-mean``, sequences
 with trained tokens for the ``seq-mean-*`` modes). The accumulated gradients then go through
 RLlib's own ``postprocess_gradients`` (``grad_clip`` / ``grad_clip_by``, global norm logged as
@@ -37,7 +39,8 @@ from rllib_arpo.core.losses import compute_policy_loss
 from rllib_arpo.learner.checkpoint import rng_states, set_rng_states
 from rllib_arpo.learner.distributed import data_parallel_rank, data_parallel_size, global_sum
 from rllib_arpo.learner.memory import LearnerOutOfMemoryError, is_out_of_memory, out_of_memory_advice
-from rllib_arpo.learner.rl_module import DTYPES, hf_state_dict, load_reference_model, sequence_logprobs
+from rllib_arpo.learner.packing import micro_batches
+from rllib_arpo.learner.rl_module import DTYPES, PACKED, hf_state_dict, load_reference_model, sequence_logprobs
 from rllib_arpo.learner.rllib_compat import parameter_gradients, update_result, zero_gradients
 from rllib_arpo.learner.weight_broadcast import WeightBroadcastGroup, WeightLayout, free_address
 
@@ -212,18 +215,24 @@ class ARPOTorchLearner(TorchLearner):
         Micro-batch c of this learner's shard is weighted by W * n_c / n, n_c its rows' share of
         the denominator, n the denominator summed over all W learners: the W learners'
         averaged gradient is then the gradient of the global batch's loss."""
-        rows = module_batch["input_ids"].shape[0]
         denominators = self._denominators(module_batch["loss_mask"], config.loss_agg_mode)
         total = global_sum(denominators.sum().float()).clamp_min(1)
         scale = data_parallel_size() / total
-        micro = config.micro_batch_size or rows
-        starts = list(range(0, rows, micro))
+        micros = micro_batches(
+            *(module_batch[k].cpu().numpy() for k in ("input_ids", "attention_mask", "loss_mask")),
+            packing=config.packing,
+            micro_batch_size=config.micro_batch_size,
+            micro_batch_tokens=config.micro_batch_tokens,
+        )
         batch_loss = torch.zeros((), device=self.device)
         weighted_metrics: dict[str, float] = {}
-        for i, start in enumerate(starts):
-            chunk = {k: v[start : start + micro] for k, v in module_batch.items()}
-            share = denominators[start : start + micro].sum().float() * scale
-            with self._micro_batch(mid, last=i == len(starts) - 1):
+        for i, (rows, packed) in enumerate(micros):
+            rows = torch.as_tensor(rows, device=self.device)
+            chunk = {k: v[rows] for k, v in module_batch.items()}
+            if packed is not None:
+                chunk[PACKED] = packed
+            share = denominators[rows].sum().float() * scale
+            with self._micro_batch(mid, last=i == len(micros) - 1):
                 fwd_out = self._forward_train(mid, chunk)
                 loss, metrics = self._policy_loss(mid, config, chunk, fwd_out)
                 self._backward(mid, loss * share)

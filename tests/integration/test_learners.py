@@ -1,4 +1,5 @@
-"""Several learners give the update of one: DDP (gloo), DeepSpeed ZeRO-2 and ZeRO-3 against one.
+"""Several learners give the update of one: DDP (gloo; padded and tree-packed micro-batches),
+DeepSpeed ZeRO-2 and ZeRO-3 against one padded learner.
 
 The batch has 5 rows with 5, 3, 0, 5 and 1 trained tokens: 2 learners get shards of 3 rows (one
 row added with no trained token), and the shards' token counts (8 and 6) differ, so only the
@@ -44,7 +45,7 @@ def learner_config(model_dir: str, num_learners: int, **learners):
         ARPOConfig()
         .policy(model_path=model_dir)
         .training(lr=LR, micro_batch_size=2, grad_clip=100.0)  # large: logs the norm, never clips
-        .learners(num_learners=num_learners, num_cpus_per_learner=1, **learners)
+        .learners(num_learners=num_learners, num_cpus_per_learner=1, **{"packing": "padded", **learners})
     )
 
 
@@ -109,8 +110,14 @@ def one_learner(small_model_dir):
 
 @pytest.mark.parametrize(
     "learners",
-    [{}, {"learner_backend": "deepspeed", "zero_stage": 2}, {"learner_backend": "deepspeed", "zero_stage": 3}],
-    ids=["ddp", "deepspeed-zero2", "deepspeed-zero3"],
+    [
+        {},
+        # tree-packed micro-batches of <= 16 tokens: the learners run different numbers of them
+        {"packing": "tree", "micro_batch_tokens": 16},
+        {"learner_backend": "deepspeed", "zero_stage": 2},
+        {"learner_backend": "deepspeed", "zero_stage": 3},
+    ],
+    ids=["ddp", "ddp-tree-packed", "deepspeed-zero2", "deepspeed-zero3"],
 )
 def test_two_learners_update_as_one(ray_session, small_model_dir, one_learner, learners):
     batch, (expected, expected_norms, expected_metrics) = one_learner

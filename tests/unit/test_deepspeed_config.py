@@ -8,7 +8,12 @@ from rllib_arpo.learner.deepspeed_learner import ARPODeepSpeedLearner, deepspeed
 
 
 def config() -> ARPOConfig:
-    return ARPOConfig().policy(model_path="/m").learners(learner_backend="deepspeed").training(micro_batch_size=4)
+    return (
+        ARPOConfig()
+        .policy(model_path="/m")
+        .learners(learner_backend="deepspeed", packing="padded")
+        .training(micro_batch_size=4)
+    )
 
 
 def test_generated_config_follows_the_fields():
@@ -55,6 +60,9 @@ def test_the_backend_field_picks_the_learner_class():
         ({"weight_sync": "disk"}, r"weight_sync must be one of \['object_store', 'broadcast'\], got 'disk'"),
         ({"logprob_chunk_size": 0}, "logprob_chunk_size must be >= 1"),
         ({"deepspeed_config": [1]}, "deepspeed_config must be a mapping"),
+        ({"packing": "ragged"}, r"packing must be one of \['padded', 'packed', 'tree'\], got 'ragged'"),
+        ({"packing": "tree"}, r"packing: tree needs learner_backend: torch .* use packing: padded"),
+        ({"packing": "packed", "learner_backend": "torch", "micro_batch_tokens": 0}, "micro_batch_tokens must be >= 1"),
         ({"dtype": "float16", "learner_backend": "torch"}, "dtype float16 with master_weights needs loss scaling"),
         pytest.param(
             {"weight_sync": "broadcast", "engine": "vllm"},

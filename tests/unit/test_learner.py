@@ -11,6 +11,8 @@ from transformers import AutoConfig
 
 from rllib_arpo.algorithm import ARPOConfig
 from rllib_arpo.core.tree import TrajectoryRow
+from rllib_arpo.learner import rl_module
+from rllib_arpo.learner.packed_forward import packed_logprobs
 from rllib_arpo.learner.packing import pad_rows
 from rllib_arpo.learner.rl_module import hf_state_dict, placeholder_spaces
 from rllib_arpo.learner.torch_learner import ARPOTorchLearner
@@ -288,7 +290,7 @@ def test_chunked_logprobs_give_the_same_loss_gradients_and_entropies(model_dir, 
 def test_out_of_memory_names_the_settings_to_change(model_dir, monkeypatch):
     from rllib_arpo.learner.memory import LearnerOutOfMemoryError
 
-    learner = build_learner(model_dir, micro_batch_size=4)
+    learner = build_learner(model_dir, micro_batch_size=4, learners={"packing": "padded"})
     batch = training_batch(learner)
 
     def out_of_memory(*args, **kwargs):
@@ -306,7 +308,85 @@ def test_out_of_memory_names_the_settings_to_change(model_dir, monkeypatch):
     assert "GiB per GPU" in message  # the estimate of the current layout
     assert isinstance(caught.value.__cause__, torch.OutOfMemoryError)
 
+    tree = build_learner(model_dir, learners={"packing": "tree", "micro_batch_tokens": 64})
+    monkeypatch.setattr(module_of(tree), "forward_train", out_of_memory)
+    with pytest.raises(LearnerOutOfMemoryError, match="tree-packed micro-batch of <= 64 tokens") as caught:
+        update(tree, batch)
+    assert "micro_batch_tokens: 64 -> 32" in str(caught.value)
+
     # any other error passes through as it is
     monkeypatch.setattr(module_of(learner), "forward_train", lambda *a, **k: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         update(learner, batch)
+
+
+def shared_prefix_batch(learner: ARPOTorchLearner) -> dict[str, torch.Tensor]:
+    """Two prompts, each with 3 rows; on the first prompt two rows branch after a common 6-token
+    response span holding a 2-token tool result, so about half the tokens are shared."""
+    rng = np.random.default_rng(3)
+    vocab_size = module_of(learner).model.config.vocab_size
+
+    def tokens(n: int) -> list[int]:
+        return rng.integers(1, vocab_size, n).tolist()
+
+    rows, advantages = [], []
+    for prompt in (tokens(7), tokens(5)):
+        span = tokens(6)
+        for response, mask in (
+            (span + tokens(4), [1, 1, 0, 0, 1, 1, 1, 1, 1, 1]),
+            (span + tokens(2), [1, 1, 0, 0, 1, 1, 1, 1]),
+            (tokens(5), [1] * 5),
+        ):
+            n = len(response)
+            rows.append(
+                TrajectoryRow(
+                    prompt_ids=np.asarray(prompt),
+                    response_ids=np.asarray(response),
+                    loss_mask=np.asarray(mask, dtype=np.float32),
+                    old_logprobs=np.zeros(n, dtype=np.float32),
+                    entropies=np.zeros(n, dtype=np.float32),
+                    segment_ids=np.zeros(n, dtype=np.int64),
+                )
+            )
+            advantages.append(np.full(n, rng.normal(), dtype=np.float32))
+    batch = {k: torch.from_numpy(v) for k, v in pad_rows(rows, advantages, pad_token_id=0).items()}
+    with torch.no_grad():
+        logprobs = module_of(learner).forward_train(batch)["logprobs"]
+    noise = torch.from_numpy(rng.normal(0.0, 0.3, logprobs.shape).astype(np.float32))
+    batch["old_logprobs"] = torch.where(batch["loss_mask"] > 0, logprobs + noise, torch.zeros_like(logprobs))
+    return batch
+
+
+@pytest.mark.parametrize("packing", ["packed", "tree"])
+@pytest.mark.parametrize("micro_batch_tokens", [4096, 20], ids=["one-micro-batch", "several"])
+@pytest.mark.parametrize("kl_coef", [0.0, 0.5], ids=["no-kl", "kl"])
+def test_a_packed_update_gives_the_padded_update(model_dir, packing, micro_batch_tokens, kl_coef, monkeypatch):
+    """The gradients agree to 1e-6 (float rounding: a shared token's gradient is summed in another
+    order); the parameters after one AdamW step (lr 1e-3) to 1e-5, a hundredth of a step: Adam
+    divides by |g| + 1e-8, so on weights whose gradient is ~1e-8 the rounding becomes ~1e-6."""
+    padded = build_learner(model_dir, micro_batch_size=2, kl_coef=kl_coef)
+    learners = {"packing": packing, "micro_batch_tokens": micro_batch_tokens}
+    packed = build_learner(model_dir, learners=learners, kl_coef=kl_coef)
+    batch = shared_prefix_batch(padded)
+    expected = gradients(padded, batch)
+    laid_out = []  # tokens of each packed forward pass (policy and reference model)
+    monkeypatch.setattr(
+        rl_module,
+        "packed_logprobs",
+        lambda model, micro, **kwargs: laid_out.append(micro.num_tokens) or packed_logprobs(model, micro, **kwargs),
+    )
+    packed_gradients = gradients(packed, batch)
+    # rows of 7 + (10, 8, 5) and 5 + (10, 8, 5) tokens; the tree holds each prompt and span once
+    passes = 2 if kl_coef else 1
+    if micro_batch_tokens == 4096:
+        assert laid_out == [82 if packing == "packed" else 7 + 5 + 2 * (6 + 4 + 2 + 5)] * passes
+    else:
+        assert len(laid_out) >= 3 * passes and max(laid_out) <= micro_batch_tokens
+    for name, grad in packed_gradients.items():
+        torch.testing.assert_close(grad, expected[name], atol=1e-6, rtol=0, msg=name)
+    for learner in (padded, packed):
+        update(learner, batch)
+    after = module_of(padded).state_dict()
+    assert any(not torch.equal(after[k], v) for k, v in module_of(build_learner(model_dir)).state_dict().items())
+    for name, value in module_of(packed).state_dict().items():
+        torch.testing.assert_close(value, after[name], atol=1e-5, rtol=0, msg=name)
