@@ -91,6 +91,15 @@ class VLLMEngine:
         self.weights_version = 0
         self.stats = EngineStats()
 
+    @staticmethod
+    def passed_on_options() -> list[str]:
+        """The names ``**llm_kwargs`` may hold: ``vllm.LLM``'s engine arguments (``EngineArgs``)."""
+        from dataclasses import fields
+
+        from vllm.engine.arg_utils import EngineArgs
+
+        return [f.name for f in fields(EngineArgs)]
+
     @classmethod
     def from_pretrained(cls, path: str, *, dtype: torch.dtype | None = None, **kwargs) -> VLLMEngine:
         """Mirror of ``HFEngine.from_pretrained``: ``dtype=None`` keeps the checkpoint's dtype."""

@@ -1,0 +1,139 @@
+"""``rllib train file X.yaml --dry-run``: what a run would do, printed without starting Ray.
+
+The report is a list of sections, each a title and a function of a ``PlannedExperiment`` (an
+experiment whose config passed every check of ``experiment_file``) that returns its text.
+``DRY_RUN_SECTIONS`` lists them in print order; a new section is one more function decorated
+with ``dry_run_section("title")``:
+
+- ``experiment``: the run, the stop criteria, the number of trials, where results go, and every
+  config value the file sets (paths resolved);
+- ``resources``: the Ray resource bundles one trial asks for (RLlib's placement group: the
+  algorithm's main process, the EnvRunners, the learners) and their sums;
+- ``prompts``: the first training prompts (and the first held-out one) exactly as the model
+  reads them, special tokens included, decoded from the token ids it is given; control
+  characters other than newlines and tabs are shown as ``\\xNN`` (the reference prompt's
+  backspace in a mangled ``\\boxed`` reads ``\\x08oxed``).
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+PROMPTS_SHOWN = 2
+"""Training prompts the ``prompts`` section prints (the first ones EnvRunner 1 rolls out)."""
+
+
+@dataclass(frozen=True)
+class PlannedExperiment:
+    """One experiment of a checked file.
+
+    Attributes:
+        name: the experiment's name in the file.
+        experiment: its entry (``run``, ``stop``, ``config`` with resolved paths, ...).
+        config: the checked ``ARPOConfig`` of its first trial (grid searches at their first value).
+        trials: the number of trials Tune would run (grid size times ``num_samples``).
+    """
+
+    name: str
+    experiment: dict[str, Any]
+    config: Any
+    trials: int
+
+
+DRY_RUN_SECTIONS: list[tuple[str, Callable[[PlannedExperiment], str]]] = []
+"""(title, function returning the section's text), in print order."""
+
+
+def dry_run_section(title: str) -> Callable:
+    """Decorator: add the decorated function to ``DRY_RUN_SECTIONS`` under ``title``."""
+
+    def decorator(function: Callable[[PlannedExperiment], str]) -> Callable[[PlannedExperiment], str]:
+        DRY_RUN_SECTIONS.append((title, function))
+        return function
+
+    return decorator
+
+
+def dry_run_report(planned: PlannedExperiment) -> str:
+    """Every section of ``DRY_RUN_SECTIONS`` for one experiment, each under a ``== title ==`` line."""
+    parts = [f"=== experiment {planned.name!r}: dry run (nothing started) ==="]
+    for title, section in DRY_RUN_SECTIONS:
+        parts += ["", f"== {title} ==", section(planned).rstrip()]
+    return "\n".join(parts) + "\n"
+
+
+@dry_run_section("experiment")
+def experiment_section(planned: PlannedExperiment) -> str:
+    experiment = planned.experiment
+    checkpoints = experiment.get("checkpoint_config") or {}
+    lines = [
+        f"run: {experiment['run']}",
+        f"stop: {json.dumps(experiment.get('stop') or {})}",
+        f"trials: {planned.trials}",
+        f"storage_path: {experiment.get('storage_path') or '~/ray_results'}",
+        f"checkpoint_config: {json.dumps(checkpoints)}",
+        "config (as given, paths resolved):",
+    ]
+    lines += [f"  {key}: {json.dumps(value, default=str)}" for key, value in (experiment.get("config") or {}).items()]
+    return "\n".join(lines)
+
+
+@dry_run_section("resources")
+def resources_section(planned: PlannedExperiment) -> str:
+    from rllib_arpo.algorithm import TRAINABLES
+
+    config = planned.config
+    request = TRAINABLES[planned.experiment["run"]].default_resource_request(config)
+    bundles = request.bundles
+    totals: dict[str, float] = {}
+    for bundle in bundles:
+        for resource, amount in bundle.items():
+            totals[resource] = totals.get(resource, 0.0) + amount
+    total = ", ".join(f"{amount:g} {resource}" for resource, amount in sorted(totals.items()))
+    lines = [
+        f"one trial asks Ray for {total} (placement group, strategy {request.strategy}):",
+        f"  EnvRunners: {config.num_env_runners} remote"
+        + ("" if config.num_env_runners else " (the EnvRunner runs in the algorithm's own process)"),
+        f"  learners: {config.num_learners} remote"
+        + ("" if config.num_learners else " (the learner runs in the algorithm's own process)"),
+        "  bundles: " + ", ".join(json.dumps(bundle) for bundle in bundles),
+    ]
+    if planned.trials > 1:
+        lines.append(f"{planned.trials} trials: Tune runs as many at once as the cluster holds")
+    return "\n".join(lines)
+
+
+@dry_run_section("prompts")
+def prompts_section(planned: PlannedExperiment) -> str:
+    from transformers import AutoTokenizer
+
+    from rllib_arpo.data.datasets import PromptStream, load_dataset
+    from rllib_arpo.data.prompts import encode_prompt, render_prompt
+    from rllib_arpo.eval.evaluate import held_out_examples
+    from rllib_arpo.models.cache import resolve_model_path
+
+    config = planned.config
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.model_path))
+    stream = PromptStream(
+        load_dataset(config.dataset), seed=config.seed or 0, index=0, count=max(config.num_env_runners, 1)
+    )
+    shown = [("training", example) for example in stream.next_batch(PROMPTS_SHOWN)]
+    if config.held_out_interval:
+        shown.append(("held-out", held_out_examples(config)[0]))
+    lines = []
+    for number, (split, example) in enumerate(shown, 1):
+        tokens = len(encode_prompt(tokenizer, example))
+        lines += [
+            f"--- prompt {number} ({split}, {example.source}, {tokens} tokens, answer {example.ground_truth!r}) ---"
+        ]
+        lines += [visible(render_prompt(tokenizer, example)), ""]
+    return "\n".join(lines)
+
+
+def visible(text: str) -> str:
+    """``text`` with every control character but newline and tab written as ``\\xNN``."""
+    return "".join(f"\\x{ord(c):02x}" if unicodedata.category(c) == "Cc" and c not in "\n\t" else c for c in text)
