@@ -161,22 +161,21 @@ def evaluate(args: argparse.Namespace) -> int:
     from rllib_arpo.eval.benchmark import benchmark_spec, evaluate_benchmarks, export_policy
     from rllib_arpo.experiment_file import check_config, resolve_paths, trial_configs
 
-    values: dict[str, Any] = {}
-    if args.experiment:
-        experiments = load_experiments(args.experiment, config_override=args.config)
-        name = args.experiment_name or next(iter(experiments))
-        if name not in experiments:
-            raise ConfigError(f"{args.experiment}: no experiment {name!r}; it has {sorted(experiments)}")
-        values = trial_configs(experiments[name]["config"])[0]
-    elif args.config:
-        values = resolve_paths(args.config, (Path.cwd(),))
     output = Path(args.output)
     try:
         specs = [benchmark_spec(text) for text in args.data]
         model_path = export_policy(args.policy, output)
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    config = check_config({**values, "model_path": model_path})
+    overrides = {**(args.config or {}), "model_path": model_path}
+    values = resolve_paths(overrides, (Path.cwd(),))
+    if args.experiment:
+        experiments = load_experiments(args.experiment, config_override=overrides)
+        name = args.experiment_name or next(iter(experiments))
+        if name not in experiments:
+            raise ConfigError(f"{args.experiment}: no experiment {name!r}; it has {sorted(experiments)}")
+        values = trial_configs(experiments[name]["config"])[0]
+    config = check_config(values)
     table = evaluate_benchmarks(
         config,
         specs,
@@ -218,9 +217,13 @@ def cold_start(args: argparse.Namespace) -> int:
         examples = load_dataset({"type": "parquet", "path": args.reference_set})
         search = SearchTool(backend="cache", corpus_path=args.search_cache, top_k=args.search_top_k)
         tokenizer = AutoTokenizer.from_pretrained(model_path)
-        demonstrations = reference_set_demonstrations(examples, search, tokenizer, args.max_tool_result_tokens)
-        demonstrations = demonstrations[: args.reference_limit]
-        print(f"{len(demonstrations)} demonstrations from {args.reference_set} ({len(examples)} rows)", flush=True)
+        built = reference_set_demonstrations(examples, search, tokenizer, args.max_tool_result_tokens)
+        demonstrations = built[: args.reference_limit]
+        print(
+            f"{args.reference_set}: {len(built)} of {len(examples)} rows give a correct search demonstration; "
+            f"using {len(demonstrations)}",
+            flush=True,
+        )
     start = time.perf_counter()
     losses = run_cold_start(
         model_path,

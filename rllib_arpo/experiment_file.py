@@ -115,9 +115,10 @@ def load_experiments(
         if not isinstance(config, dict):
             raise ConfigError(f"experiment {name!r}: config must be a mapping")
         try:
+            overrides = config_override or {}
             config = {
-                **resolve_paths(config, file_bases),
-                **resolve_paths(config_override or {}, (Path.cwd(),)),
+                **resolve_paths({k: v for k, v in config.items() if k not in overrides}, file_bases),
+                **resolve_paths(overrides, (Path.cwd(),)),
             }
             for key in config:
                 if key not in known_fields:

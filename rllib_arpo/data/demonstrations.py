@@ -11,8 +11,9 @@ normalisation, ``core.rewards.normalize_answer``), the demonstration is
     <think> The search results give the answer. </think> <answer> \\boxed{ANSWER} </answer>
 
 with the prompt in ARPO's system prompt (``data.prompts.tir_messages``), the one the benchmarks
-and the embedded task use, rather than the parquet's long reference prompt. About 9% of the
-training set's QA questions qualify. Math rows give none: without a worked solution the only
+and the embedded task use, rather than the parquet's long reference prompt. In
+``train_10k.parquet`` 137 of the 5,000 QA questions qualify (SmolLM2's tokenizer, the top 3
+results cut to 96 tokens). Math rows give none: without a worked solution the only
 Python a builder could write would print the answer it was given, which teaches nothing.
 """
 

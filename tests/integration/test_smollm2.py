@@ -50,8 +50,9 @@ def test_one_smollm2_iteration_then_rllib_evaluate_its_checkpoint(ray_session, s
     questions.write_text('{"question": "What is 17 * 23?", "answer": "391"}\n{"question": "2 + 2?", "answer": "4"}\n')
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text('{"text": "Paris is the capital of France."}\n')
-    config = {
+    config = {  # the run's settings come from the tuned example; the HF engine and tiny budgets here
         "engine": "hf",
+        "engine_options": {},
         "max_response_tokens": 24,
         "tools": {"search": {"corpus_path": str(corpus)}, "python": {"timeout_s": 5}},
     }
@@ -59,6 +60,7 @@ def test_one_smollm2_iteration_then_rllib_evaluate_its_checkpoint(ray_session, s
     command = [
         sys.executable, "-m", "rllib_arpo.cli", "evaluate", checkpoint, "--data", "tir_task:test", str(questions),
         "--limit", "2", "--samples", "2", "--k", "1", "2", "--config", json.dumps(config), "--output", str(output),
+        "--experiment", str(REPO / "tuned_examples/arpo_smollm2.yaml"),
     ]  # fmt: skip
     env = {**os.environ, "RLLIB_ARPO_CACHE": str(Path(smollm2_path).parent)}
     completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
