@@ -101,8 +101,6 @@ def evaluate_benchmarks(
     """Evaluate ``config.model_path`` with ``config``'s engine, tools, rollout and reward settings
     on every benchmark of ``specs``; write the table and transcripts into ``output_dir`` and
     return the table (a pandas DataFrame)."""
-    import pandas as pd
-
     import rllib_arpo.tools  # noqa: F401  (registers the tools)
     from rllib_arpo.data.datasets import load_dataset, tools_for_dataset
     from rllib_arpo.rollout.env_runner import build_engine
@@ -118,48 +116,6 @@ def evaluate_benchmarks(
     engine_minutes = (time.perf_counter() - start) / 60
     rollout_settings = from_config(RolloutSettings, config)
     reward_settings = from_config(RewardSettings, config)
-    rows = []
-    for spec in specs:
-        name = benchmark_name(spec)
-        examples = load_dataset(spec)[:limit]
-        tools = ToolExecutor(
-            build_tools(tools_for_dataset(config.tools, spec)),
-            max_workers=config.tool_workers,
-            timeout_s=config.tool_timeout_s,
-        )
-        if progress:
-            print(f"{name}: {len(examples)} questions x {samples} samples", flush=True)
-        start = time.perf_counter()
-        with tools:
-            results = rollout_questions(
-                engine,
-                examples,
-                tools,
-                samples=samples,
-                rollout_settings=rollout_settings,
-                reward_settings=reward_settings,
-                temperature=temperature,
-                top_p=top_p,
-                seed=seed,
-                progress=progress,
-            )
-        minutes = (time.perf_counter() - start) / 60
-        metrics = summarize(results, tuple(config.tools), ks)
-        with open(output_dir / "transcripts" / f"{name}.jsonl", "w", encoding="utf-8") as file:
-            for result in results:
-                file.write(json.dumps(result.transcript(), ensure_ascii=False) + "\n")
-        row = {"benchmark": name, "questions": len(results), "samples": samples, "pass@1": metrics["accuracy"]}
-        row.update({f"pass@{k}": metrics[f"pass@{k}"] for k in ks})
-        row["format_error_rate"] = metrics["format_error_rate"]
-        row["tool_calls"] = sum(metrics[f"tool_calls_per_question/{tool}"] for tool in config.tools)
-        row.update({f"{tool}_calls": metrics[f"tool_calls_per_question/{tool}"] for tool in config.tools})
-        row["response_tokens"] = metrics["response_tokens_mean"]
-        row["minutes"] = minutes
-        rows.append(row)
-    if hasattr(engine, "close"):
-        engine.close()
-    table = pd.DataFrame(rows)
-    table.to_csv(output_dir / "results.csv", index=False)
     settings = {
         "policy": config.model_path,
         "engine": config.engine,
@@ -174,6 +130,58 @@ def evaluate_benchmarks(
         "max_response_tokens": rollout_settings.max_response_tokens,
         "max_tool_result_tokens": rollout_settings.max_tool_result_tokens,
     }
+    rows = []
+    try:
+        for spec in specs:
+            name = benchmark_name(spec)
+            examples = load_dataset(spec)[:limit]
+            tools = ToolExecutor(
+                build_tools(tools_for_dataset(config.tools, spec)),
+                max_workers=config.tool_workers,
+                timeout_s=config.tool_timeout_s,
+            )
+            if progress:
+                print(f"{name}: {len(examples)} questions x {samples} samples", flush=True)
+            start = time.perf_counter()
+            with tools:
+                results = rollout_questions(
+                    engine,
+                    examples,
+                    tools,
+                    samples=samples,
+                    rollout_settings=rollout_settings,
+                    reward_settings=reward_settings,
+                    temperature=temperature,
+                    top_p=top_p,
+                    seed=seed,
+                    progress=progress,
+                )
+            minutes = (time.perf_counter() - start) / 60
+            metrics = summarize(results, tuple(config.tools), ks)
+            with open(output_dir / "transcripts" / f"{name}.jsonl", "w", encoding="utf-8") as file:
+                for result in results:
+                    file.write(json.dumps(result.transcript(), ensure_ascii=False) + "\n")
+            row = {"benchmark": name, "questions": len(results), "samples": samples, "pass@1": metrics["accuracy"]}
+            row.update({f"pass@{k}": metrics[f"pass@{k}"] for k in ks})
+            row["format_error_rate"] = metrics["format_error_rate"]
+            row["tool_calls"] = sum(metrics[f"tool_calls_per_question/{tool}"] for tool in config.tools)
+            row.update({f"{tool}_calls": metrics[f"tool_calls_per_question/{tool}"] for tool in config.tools})
+            row["response_tokens"] = metrics["response_tokens_mean"]
+            row["minutes"] = minutes
+            rows.append(row)
+            table = _write_table(rows, settings, output_dir)  # after every benchmark: nothing lost on a crash
+    finally:
+        if hasattr(engine, "close"):
+            engine.close()
+    return table
+
+
+def _write_table(rows: list[dict], settings: dict, output_dir: Path):
+    """``results.csv`` and ``results.json`` (the rows and the settings); returns the table."""
+    import pandas as pd
+
+    table = pd.DataFrame(rows)
+    table.to_csv(output_dir / "results.csv", index=False)
     record = {"settings": settings, "results": table.to_dict(orient="records")}
     (output_dir / "results.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
     return table
