@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import itertools
 import logging
+import math
 import re
 import typing
 from collections.abc import Mapping, Sequence
@@ -196,7 +196,7 @@ def _values_to_check(key: str, space: Mapping[str, Any]) -> list[Any]:
 
 def grid_size(config: Mapping[str, Any]) -> int:
     """Number of trials Tune makes of one sample of ``config`` (the product of the grid sizes)."""
-    return len(list(itertools.product(*[v["grid_search"] for v in config.values() if _is_grid(v)])))
+    return math.prod(len(v["grid_search"]) for v in config.values() if _is_grid(v))
 
 
 def _is_grid(value: Any) -> bool:

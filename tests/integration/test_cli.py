@@ -109,12 +109,12 @@ def test_dry_run_of_the_paper_config_checks_all_and_prints_resources_and_prompts
 
 
 def test_cli_exits_with_a_clear_message_on_a_bad_file(tmp_path):
+    path = write(tmp_path, "x:\n  run: NOPE\n")
     completed = subprocess.run(
-        [sys.executable, "-m", "rllib_arpo.cli", "train", "file", write(tmp_path, "x:\n  run: NOPE\n")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [sys.executable, "-m", "rllib_arpo.cli", "train", "file", path], capture_output=True, text=True, timeout=120
+    )
     assert completed.returncode == 2
-    assert "rllib: error: experiment 'x': unknown run: 'NOPE'" in completed.stderr
+    assert completed.stderr == f"rllib: error: {path}: experiment 'x': unknown run: 'NOPE'; known: ['ARPO']\n"
 
 
 def test_search_spaces_and_the_asha_scheduler_are_read(tmp_path):

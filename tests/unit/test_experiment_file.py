@@ -103,3 +103,20 @@ def test_relative_paths_resolve_against_the_file_then_the_launch_directory(tmp_p
 def test_every_grid_value_is_checked_once():
     variants = trial_configs({"tau": {"grid_search": [0.3, 0.5]}, "beta": {"grid_search": [0.1, 0.2]}, "lr": 1.0})
     assert [(v["tau"], v["beta"]) for v in variants] == [(0.3, 0.1), (0.5, 0.1), (0.3, 0.2)]
+
+
+def test_a_dry_run_section_is_one_decorated_function(monkeypatch):
+    from rllib_arpo import dry_run
+
+    assert [title for title, _ in dry_run.DRY_RUN_SECTIONS] == ["experiment", "resources", "prompts"]
+    monkeypatch.setattr(dry_run, "DRY_RUN_SECTIONS", [])
+
+    @dry_run.dry_run_section("learner memory estimate")
+    def memory(planned):
+        return f"{planned.trials} trial: 1.6 GB"
+
+    report = dry_run.dry_run_report(dry_run.PlannedExperiment("x", {}, None, 1))
+    assert (
+        report
+        == "=== experiment 'x': dry run (nothing started) ===\n\n== learner memory estimate ==\n1 trial: 1.6 GB\n"
+    )
