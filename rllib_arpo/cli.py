@@ -71,6 +71,7 @@ def dry_run(path: str, stop: dict | None = None, config: dict | None = None) -> 
     from rllib_arpo.experiment_file import check_config, trial_configs
 
     for name, experiment in load_experiments(path, stop, config).items():
+        _scheduler(experiment.get("scheduler"), name)
         first_trial = check_config(trial_configs(experiment["config"])[0])
         trials = grid_size(experiment["config"]) * experiment.get("num_samples", 1)
         print(dry_run_report(PlannedExperiment(name, experiment, first_trial, trials)), end="")

@@ -217,8 +217,6 @@ class LearnerSettings:
             raise ValueError(f"weight_sync must be one of {list(WEIGHT_SYNCS)}, got {self.weight_sync!r}")
         if self.zero_stage not in ZERO_STAGES:
             raise ValueError(f"zero_stage must be one of {list(ZERO_STAGES)}, got {self.zero_stage!r}")
-        if not isinstance(self.deepspeed_config, dict):
-            raise ValueError(f"deepspeed_config must be a mapping, got {self.deepspeed_config!r}")
         if self.logprob_chunk_size is not None:
             _at_least({"logprob_chunk_size": (self.logprob_chunk_size, 1)})
 

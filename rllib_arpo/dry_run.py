@@ -9,6 +9,10 @@ with ``dry_run_section("title")``:
   config value the file sets (paths resolved);
 - ``resources``: the Ray resource bundles one trial asks for (RLlib's placement group: the
   algorithm's main process, the EnvRunners, the learners) and their sums;
+- ``learner memory``: the estimate of one learner's memory (``learner.memory``) for the model,
+  the learner layout and rows of the longest sequence: the prompt budget (``max_prompt_tokens``,
+  else the longest of the first ``PROMPTS_MEASURED`` training prompts) plus
+  ``max_response_tokens``;
 - ``prompts``: the first training prompts (and the first held-out one) exactly as the model
   reads them, special tokens included, decoded from the token ids it is given; control
   characters other than newlines and tabs are shown as ``\\xNN`` (the reference prompt's
@@ -25,6 +29,8 @@ from typing import Any
 
 PROMPTS_SHOWN = 2
 """Training prompts the ``prompts`` section prints (the first ones EnvRunner 1 rolls out)."""
+PROMPTS_MEASURED = 256
+"""Training prompts the ``learner memory`` section measures when ``max_prompt_tokens`` is unset."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,41 @@ def resources_section(planned: PlannedExperiment) -> str:
     if planned.trials > 1:
         lines.append(f"{planned.trials} trials: Tune runs as many at once as the cluster holds")
     return "\n".join(lines)
+
+
+@dry_run_section("learner memory")
+def learner_memory_section(planned: PlannedExperiment) -> str:
+    from rllib_arpo.learner.memory import learner_memory_of_config
+
+    config = planned.config
+    if config.max_prompt_tokens:
+        prompt_tokens, prompt_source = config.max_prompt_tokens, "max_prompt_tokens"
+    else:
+        prompt_tokens = _longest_prompt(config, PROMPTS_MEASURED)
+        prompt_source = f"the longest of the first {PROMPTS_MEASURED} training prompts"
+    length = prompt_tokens + config.max_response_tokens
+    layout = config.learner_backend + (f" ZeRO-{config.zero_stage}" if config.learner_backend == "deepspeed" else "")
+    learners = max(config.num_learners, 1)
+    where = "per GPU" if config.num_gpus_per_learner else "on the CPU (num_gpus_per_learner: 0)"
+    return "\n".join(
+        [
+            f"one learner, {where}: {learners} x {layout} learner, dtype {config.dtype}, micro_batch_size "
+            f"{config.micro_batch_size}, rows of {length} tokens ({prompt_tokens}, {prompt_source}, + "
+            f"{config.max_response_tokens}, max_response_tokens):",
+            learner_memory_of_config(config, sequence_length=length).table(),
+        ]
+    )
+
+
+def _longest_prompt(config: Any, count: int) -> int:
+    from transformers import AutoTokenizer
+
+    from rllib_arpo.data.datasets import load_dataset
+    from rllib_arpo.data.prompts import encode_prompt
+    from rllib_arpo.models.cache import resolve_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.model_path))
+    return max(len(encode_prompt(tokenizer, example)) for example in load_dataset(config.dataset)[:count])
 
 
 @dry_run_section("prompts")

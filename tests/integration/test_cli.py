@@ -95,9 +95,11 @@ def test_dry_run_of_the_paper_config_checks_all_and_prints_resources_and_prompts
     assert completed.returncode == 0, completed.stderr[-3000:]
     out = completed.stdout
     sections = [line for line in out.splitlines() if line.startswith("== ")]
-    assert sections == ["== experiment ==", "== resources ==", "== prompts =="]
+    assert sections == ["== experiment ==", "== resources ==", "== learner memory ==", "== prompts =="]
     # 1 CPU for the algorithm, 2 EnvRunners with 1 CPU and 1 GPU each, 2 learners with 1 GPU each
     assert "one trial asks Ray for 3 CPU, 4 GPU (placement group, strategy PACK)" in out
+    assert "one learner, per GPU: 2 x torch learner, dtype bfloat16, micro_batch_size 2, rows of " in out
+    assert "GiB per GPU" in out
     data = arpo_data.resolve()
     assert f'dataset: {{"type": "parquet", "path": "{data}/rl_datasets/train_10k.parquet"}}' in out
     # the first training prompt, exactly as the model reads it: the reference system prompt in ChatML

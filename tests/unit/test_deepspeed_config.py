@@ -54,7 +54,7 @@ def test_the_backend_field_picks_the_learner_class():
         ({"learner_backend": "fsdp"}, r"learner_backend must be one of \['torch', 'deepspeed'\], got 'fsdp'"),
         ({"weight_sync": "disk"}, r"weight_sync must be one of \['object_store', 'broadcast'\], got 'disk'"),
         ({"logprob_chunk_size": 0}, "logprob_chunk_size must be >= 1"),
-        ({"deepspeed_config": [1]}, "deepspeed_config must be a mapping"),
+        ({"deepspeed_config": [1]}, r"deepspeed_config: expected a mapping, got \[1\]"),
         ({"dtype": "float16", "learner_backend": "torch"}, "dtype float16 with master_weights needs loss scaling"),
         pytest.param(
             {"weight_sync": "broadcast", "engine": "vllm"},

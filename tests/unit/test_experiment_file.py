@@ -48,6 +48,9 @@ def write(directory: Path, text: str, name: str = "experiment.yaml") -> str:
         ({"tools": {"search": {"top_k": 2, "colour": "red"}}}, "tools.search: got an unexpected keyword argument"),
         ({"model_path": "/no/model"}, "model_path: '/no/model' holds no config.json"),
         ({"tau": {"grid_search": [0.3, "x"]}}, "tau: expected a number, got 'x'"),
+        ({"tau": {"uniform": [0.3, 1.5]}}, r"tau must lie in [0, 1], got 1.5"),
+        ({"beta": {"choice": [0.1, "y"]}}, "beta: expected a number, got 'y'"),
+        ({"initial_rollouts": {"randint": [2, 2]}}, r"initial_rollouts: randint needs low < high, got [2, 2]"),
         ({"totl_rollouts": 4}, "unknown config key 'totl_rollouts' (did you mean total_rollouts"),
     ],
 )
@@ -108,7 +111,7 @@ def test_every_grid_value_is_checked_once():
 def test_a_dry_run_section_is_one_decorated_function(monkeypatch):
     from rllib_arpo import dry_run
 
-    assert [title for title, _ in dry_run.DRY_RUN_SECTIONS] == ["experiment", "resources", "prompts"]
+    assert [title for title, _ in dry_run.DRY_RUN_SECTIONS] == ["experiment", "resources", "learner memory", "prompts"]
     monkeypatch.setattr(dry_run, "DRY_RUN_SECTIONS", [])
 
     @dry_run.dry_run_section("learner memory estimate")
@@ -119,4 +122,31 @@ def test_a_dry_run_section_is_one_decorated_function(monkeypatch):
     assert (
         report
         == "=== experiment 'x': dry run (nothing started) ===\n\n== learner memory estimate ==\n1 trial: 1.6 GB\n"
+    )
+
+
+def test_the_dry_runs_learner_memory_is_the_estimate_for_prompt_budget_plus_response(tmp_path):
+    from transformers import LlamaConfig
+
+    from rllib_arpo.algorithm import ARPOConfig
+    from rllib_arpo.dry_run import PlannedExperiment, learner_memory_section
+    from rllib_arpo.learner.memory import ModelShape, estimate_learner_memory
+
+    LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=1000
+    ).save_pretrained(tmp_path)
+    settings = {"model_path": str(tmp_path), "max_prompt_tokens": 100, "max_response_tokens": 28,
+                "micro_batch_size": 2, "num_learners": 2, "num_gpus_per_learner": 1, "dtype": "bfloat16"}  # fmt: skip
+    config = ARPOConfig().update_from_dict(settings)
+    text = learner_memory_section(PlannedExperiment("x", {}, config, 1))
+    expected = estimate_learner_memory(
+        ModelShape.from_pretrained(str(tmp_path)),
+        dtype="bfloat16",
+        num_learners=2,
+        micro_batch_size=2,
+        sequence_length=128,
+    )
+    assert text == (
+        "one learner, per GPU: 2 x torch learner, dtype bfloat16, micro_batch_size 2, rows of 128 tokens "
+        "(100, max_prompt_tokens, + 28, max_response_tokens):\n" + expected.table()
     )
