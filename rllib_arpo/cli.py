@@ -159,13 +159,13 @@ def _restored_tuner(experiment_path: Path, run: str, param_space: dict):
 def evaluate(args: argparse.Namespace) -> int:
     """``rllib evaluate``: the run's config (``--experiment`` file, ``--config``), the policy,
     then ``eval.benchmark.evaluate_benchmarks``."""
-    from rllib_arpo.eval.benchmark import benchmark_spec, evaluate_benchmarks, export_policy
+    from rllib_arpo.eval.benchmark import benchmark_spec, evaluate_benchmarks, policy_directory
     from rllib_arpo.experiment_file import check_config, resolve_paths, trial_configs
 
     output = Path(args.output)
     try:
         specs = [benchmark_spec(text) for text in args.data]
-        model_path = export_policy(args.policy, output)
+        model_path = policy_directory(args.policy)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     overrides = {**(args.config or {}), "model_path": model_path}

@@ -4,8 +4,8 @@
         --experiment tuned_examples/arpo_smollm2.yaml --samples 4 --limit 50 --output eval_out
 
 ``POLICY`` is a named model (``tiny``, ``smollm2-135m``), a ``save_pretrained`` directory, or a
-training checkpoint (an ``rllib train`` checkpoint directory: its policy is exported to
-``<output>/policy`` first). Each benchmark is a ``.jsonl`` file (``question`` / ``answer``
+training checkpoint (an ``rllib train`` checkpoint directory: the policy it holds as a
+transformers directory, ``checkpoint_*/policy``). Each benchmark is a ``.jsonl`` file (``question`` / ``answer``
 lines, the task from ``data.datasets.BENCHMARK_TASKS``), a verl ``.parquet`` file, or
 ``tir_task[:split]`` (the embedded task, default split ``test``).
 
@@ -53,36 +53,22 @@ def benchmark_name(spec: dict) -> str:
     return Path(spec["path"]).stem
 
 
-def export_policy(policy: str, output_dir: Path) -> str:
+def policy_directory(policy: str) -> str:
     """A ``save_pretrained`` directory for ``policy`` (module docstring): named models and
-    directories as they are, a training checkpoint exported into ``output_dir / "policy"``."""
+    directories as they are, a training checkpoint's exported policy (``checkpoint_*/policy``)."""
+    from rllib_arpo.learner.checkpoint import POLICY_DIRECTORY
     from rllib_arpo.models.cache import NAMED_MODELS, resolve_model_path
 
+    if policy in NAMED_MODELS:
+        return resolve_model_path(policy)
     path = Path(policy).expanduser()
-    if policy in NAMED_MODELS or (path / "config.json").is_file():
-        return resolve_model_path(str(path) if policy not in NAMED_MODELS else policy)
-    module_dir = _module_checkpoint(path)
-    if module_dir is None:
-        raise ValueError(
-            f"policy {policy!r}: neither a named model, a save_pretrained directory nor an rllib train checkpoint"
-        )
-    from ray.rllib.core.rl_module.rl_module import RLModule
-    from transformers import AutoTokenizer
-
-    module = RLModule.from_checkpoint(str(module_dir))
-    target = output_dir / "policy"
-    module.model.save_pretrained(target)
-    AutoTokenizer.from_pretrained(module.model_config["model_path"]).save_pretrained(target)
-    return str(target)
-
-
-def _module_checkpoint(path: Path) -> Path | None:
-    """The policy module inside an Algorithm checkpoint (or a checkpoint's RLModule directory)."""
-    for candidate in (path, path / "learner_group" / "learner" / "rl_module" / "default_policy"):
-        if (candidate / "class_and_ctor_args.pkl").is_file():
-            return candidate
-    matches = sorted(path.glob("**/rl_module/default_policy/class_and_ctor_args.pkl"))
-    return matches[0].parent if matches else None
+    for candidate in (path, path / POLICY_DIRECTORY):
+        if (candidate / "config.json").is_file():
+            return str(candidate.resolve())
+    raise ValueError(
+        f"policy {policy!r}: neither a named model ({', '.join(NAMED_MODELS)}), a save_pretrained directory "
+        f"nor an rllib train checkpoint (a directory with {POLICY_DIRECTORY}/config.json)"
+    )
 
 
 def evaluate_benchmarks(

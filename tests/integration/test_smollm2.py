@@ -78,8 +78,9 @@ def test_one_smollm2_iteration_then_rllib_evaluate_its_checkpoint(ray_session, s
     transcripts = (output / "transcripts" / "toy.jsonl").read_text().splitlines()
     assert [len(json.loads(line)["samples"]) for line in transcripts] == [2, 2]
     assert json.loads(transcripts[0])["ground_truth"] == "391"
-    # the evaluated policy is the checkpoint's, exported as a save_pretrained directory
-    exported = load_file(output / "policy" / "model.safetensors")
+    # the evaluated policy is the checkpoint's, the transformers directory it holds
+    assert record["settings"]["policy"] == str(Path(checkpoint, "policy").resolve())
+    exported = load_file(Path(checkpoint, "policy", "model.safetensors"))
     for name, tensor in exported.items():
         torch.testing.assert_close(tensor, trained[name], rtol=0, atol=0)
     base = load_file(Path(smollm2_path) / "model.safetensors")

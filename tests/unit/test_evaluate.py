@@ -9,7 +9,7 @@ import pytest
 
 from rllib_arpo.core.rewards import RewardSettings, pass_at_k
 from rllib_arpo.data.datasets import PromptExample
-from rllib_arpo.eval.benchmark import benchmark_name, benchmark_spec
+from rllib_arpo.eval.benchmark import benchmark_name, benchmark_spec, policy_directory
 from rllib_arpo.eval.evaluate import rollout_questions, summarize
 from rllib_arpo.rollout.engine import Generation
 from rllib_arpo.rollout.settings import RolloutSettings
@@ -121,3 +121,16 @@ def test_benchmark_arguments(tmp_path):
         benchmark_spec("gsm8k.csv")
     with pytest.raises(ValueError, match="no such file"):
         benchmark_spec(str(tmp_path / "none.jsonl"))
+
+
+def test_the_policy_is_a_model_directory_or_the_one_a_checkpoint_holds(tmp_path):
+    model = tmp_path / "model"
+    (model / "policy").mkdir(parents=True)
+    checkpoint = tmp_path / "checkpoint_000005"
+    (checkpoint / "policy").mkdir(parents=True)
+    for directory in (model, checkpoint / "policy"):
+        (directory / "config.json").write_text("{}")
+    assert policy_directory(str(model)) == str(model)  # its own config.json wins over a policy/ inside
+    assert policy_directory(str(checkpoint)) == str(checkpoint / "policy")
+    with pytest.raises(ValueError, match=r"policy '.*empty': neither a named model \(tiny, smollm2-135m\)"):
+        policy_directory(str(tmp_path / "empty"))
