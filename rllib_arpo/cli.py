@@ -1,47 +1,38 @@
-"""The ``rllib`` console script: ``rllib train file tuned_examples/arpo_tiny.yaml``.
+"""The ``rllib`` console script.
 
-Ray 2.60 no longer ships an ``rllib`` command; this one reads the classic tuned-example schema
+Ray 2.60 no longer ships an ``rllib`` command; this one keeps the classic form:
 
-    experiment_name:
-      run: ARPO
-      stop: {training_iteration: 20}
-      config: {model_path: tiny, tau: {grid_search: [0.3, 0.5]}, ...}
-      checkpoint_config: {checkpoint_frequency: 10, checkpoint_at_end: true}
+- ``rllib train file X.yaml [--stop JSON] [--config JSON] [--storage-path P] [--resume] [--dry-run]``:
+  read a tuned-example file (``experiment_file``: paths resolved, every value checked before Ray
+  starts), then run it with Ray Tune (TensorBoard, CSV and JSON logs under the storage path), with
+  ``--resume`` continue it from its trials' latest checkpoints, or with ``--dry-run`` print what
+  it would do (``dry_run``) and exit;
+- ``rllib evaluate POLICY --data ...``: benchmarks with n samples per question, pass@k, a table
+  and transcripts (``eval.benchmark``);
+- ``rllib cold-start MODEL OUTPUT``: the supervised cold start of a real chat model on tool-use
+  demonstrations (``models.warm_start.cold_start``).
 
-and runs it with Ray Tune (TensorBoard, CSV and JSON logs under the storage path).
+A problem with the input exits with status 2 and one line, ``rllib: error: ...``, naming the
+file, the experiment and the key.
 """
 
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
-import yaml
+from rllib_arpo.experiment_file import ConfigError, grid_size, is_search_space, load_experiments
 
 DEFAULT_STORAGE = "~/ray_results"
-EXPERIMENT_KEYS = {"run", "stop", "config", "checkpoint_config", "storage_path", "num_samples", "scheduler"}
-
-
-class ConfigError(ValueError):
-    """A problem in the experiment file, reported without a traceback."""
-
-
-SEARCH_SPACES = ("grid_search", "choice", "uniform", "loguniform", "randint")
-"""``{name: values}`` on a config field makes a Tune search space: ``grid_search: [a, b]`` (every
-value), ``choice: [a, b]``, ``uniform: [low, high]``, ``loguniform: [low, high]``,
-``randint: [low, high)`` (one draw per sample, ``num_samples`` samples)."""
 SCHEDULERS = ("asha",)
 
 
-def is_search_space(value: Any) -> bool:
-    return isinstance(value, dict) and len(value) == 1 and next(iter(value)) in SEARCH_SPACES
-
-
 def _search_space_to_tune(value: Any) -> Any:
+    """A config value with its search spaces (``experiment_file.SEARCH_SPACES``) made Tune's."""
     from ray import tune
 
     if is_search_space(value):
@@ -74,44 +65,17 @@ def _scheduler(spec: dict | None, name: str):
         raise ConfigError(f"experiment {name!r}: bad scheduler option: {error}") from None
 
 
-def load_experiments(
-    path: str, stop_override: dict | None = None, config_override: dict | None = None
-) -> dict[str, dict]:
-    """Read and check an experiment file (with ``--stop`` / ``--config`` overrides applied);
-    return ``{name: experiment}``."""
-    from rllib_arpo.algorithm import TRAINABLES, ARPOConfig
+def dry_run(path: str, stop: dict | None = None, config: dict | None = None) -> int:
+    """Check the file and print every experiment's dry-run report (``dry_run``); start nothing."""
+    from rllib_arpo.dry_run import PlannedExperiment, dry_run_report
+    from rllib_arpo.experiment_file import check_config, trial_configs
 
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"experiment file {path} does not exist")
-    try:
-        experiments = yaml.safe_load(file.read_text())
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path} is not valid YAML: {error}") from None
-    if not isinstance(experiments, dict) or not experiments:
-        raise ConfigError(f"{path} must map an experiment name to {{run, stop, config}}")
-    known_fields = set(vars(ARPOConfig()))
-    for name, experiment in experiments.items():
-        if not isinstance(experiment, dict):
-            raise ConfigError(f"experiment {name!r} must be a mapping")
-        if config_override:
-            experiment["config"] = {**(experiment.get("config") or {}), **config_override}
-        unknown = set(experiment) - EXPERIMENT_KEYS
-        if unknown:
-            raise ConfigError(
-                f"experiment {name!r}: unknown key(s) {sorted(unknown)}; known: {sorted(EXPERIMENT_KEYS)}"
-            )
-        run = experiment.get("run")
-        if run not in TRAINABLES:
-            raise ConfigError(f"experiment {name!r}: unknown run: {run!r}; known: {sorted(TRAINABLES)}")
-        for key in experiment.get("config") or {}:
-            if key not in known_fields:
-                close = difflib.get_close_matches(key, known_fields, n=3)
-                hint = f" (did you mean {', '.join(close)}?)" if close else ""
-                raise ConfigError(f"experiment {name!r}: unknown config key {key!r}{hint}")
-        if stop_override:
-            experiment["stop"] = stop_override
-    return experiments
+    for name, experiment in load_experiments(path, stop, config).items():
+        _scheduler(experiment.get("scheduler"), name)
+        first_trial = check_config(trial_configs(experiment["config"])[0])
+        trials = grid_size(experiment["config"]) * experiment.get("num_samples", 1)
+        print(dry_run_report(PlannedExperiment(name, experiment, first_trial, trials)), end="")
+    return 0
 
 
 def train_file(
@@ -124,19 +88,21 @@ def train_file(
     """Run every experiment of the file with Ray Tune; with ``resume``, continue each one from
     its trials' latest checkpoints instead (after a crash, Ctrl-C or a preemption). Starts Ray
     (and shuts it down at the end) unless it is already running."""
+    experiments = load_experiments(path, stop, config)  # before Ray: every problem is named here
+    for name, experiment in experiments.items():
+        _scheduler(experiment.get("scheduler"), name)
     import ray
     from ray import tune
 
     from rllib_arpo.algorithm import TRAINABLES
     from rllib_arpo.eval.report import write_report
 
-    experiments = load_experiments(path, stop, config)
     owns_ray = not ray.is_initialized()
     failed = 0
     for name, experiment in experiments.items():
-        config = TRAINABLES[experiment["run"]].get_default_config()
-        param_space = config.to_dict()
-        param_space.update(_search_space_to_tune(experiment.get("config") or {}))
+        default_config = TRAINABLES[experiment["run"]].get_default_config()
+        param_space = default_config.to_dict()
+        param_space.update(_search_space_to_tune(experiment["config"]))
         storage = Path(storage_path or experiment.get("storage_path") or DEFAULT_STORAGE).expanduser().resolve()
         if resume:
             tuner = _restored_tuner(storage / name, experiment["run"], param_space)
@@ -190,7 +156,105 @@ def _restored_tuner(experiment_path: Path, run: str, param_space: dict):
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def evaluate(args: argparse.Namespace) -> int:
+    """``rllib evaluate``: the run's config (``--experiment`` file, ``--config``), the policy,
+    then ``eval.benchmark.evaluate_benchmarks``."""
+    from rllib_arpo.eval.benchmark import benchmark_spec, evaluate_benchmarks, policy_directory
+    from rllib_arpo.experiment_file import check_config, resolve_paths, trial_configs
+
+    output = Path(args.output)
+    try:
+        specs = [benchmark_spec(text) for text in args.data]
+        model_path = policy_directory(args.policy)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    overrides = {**(args.config or {}), "model_path": model_path}
+    values = resolve_paths(overrides, (Path.cwd(),))
+    if args.experiment:
+        experiments = load_experiments(args.experiment, config_override=overrides)
+        name = args.experiment_name or next(iter(experiments))
+        if name not in experiments:
+            raise ConfigError(f"{args.experiment}: no experiment {name!r}; it has {sorted(experiments)}")
+        values = trial_configs(experiments[name]["config"])[0]
+    config = check_config(values)
+    table = evaluate_benchmarks(
+        config,
+        specs,
+        samples=args.samples,
+        ks=args.k or [args.samples],
+        temperature=args.temperature,
+        top_p=args.top_p,
+        limit=args.limit,
+        seed=args.seed,
+        output_dir=output,
+    )
+    import pandas as pd
+
+    with pd.option_context("display.width", 200, "display.max_columns", None, "display.precision", 3):
+        print(table.to_string(index=False))
+    print(f"results: {output / 'results.csv'}, {output / 'results.json'}; transcripts: {output / 'transcripts'}")
+    return 0
+
+
+def cold_start(args: argparse.Namespace) -> int:
+    """``rllib cold-start``: reference-set demonstrations (if asked for), then the SFT."""
+    from rllib_arpo.models.cache import resolve_model_path
+    from rllib_arpo.models.warm_start import cold_start as run_cold_start
+
+    try:
+        model_path = resolve_model_path(args.model)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    demonstrations = []
+    if args.reference_set:
+        from transformers import AutoTokenizer
+
+        from rllib_arpo.data.datasets import load_dataset
+        from rllib_arpo.data.demonstrations import reference_set_demonstrations
+        from rllib_arpo.tools.search import SearchTool
+
+        if not args.search_cache:
+            raise ConfigError("--reference-set needs --search-cache (the reference search_cache.json)")
+        examples = load_dataset({"type": "parquet", "path": args.reference_set})
+        search = SearchTool(backend="cache", corpus_path=args.search_cache, top_k=args.search_top_k)
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        built = reference_set_demonstrations(examples, search, tokenizer, args.max_tool_result_tokens)
+        demonstrations = built[: args.reference_limit]
+        print(
+            f"{args.reference_set}: {len(built)} of {len(examples)} rows give a correct search demonstration; "
+            f"using {len(demonstrations)}",
+            flush=True,
+        )
+    start = time.perf_counter()
+    losses = run_cold_start(
+        model_path,
+        args.output,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        demonstrations=demonstrations,
+        max_tool_result_tokens=args.max_tool_result_tokens,
+        seed=args.seed,
+    )
+    minutes = (time.perf_counter() - start) / 60
+    record = {
+        "model": args.model,
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "reference_demonstrations": len(demonstrations),
+        "embedded_task_demonstrations": args.steps * args.batch_size - len(demonstrations),
+        "seed": args.seed,
+        "minutes": minutes,
+        "losses": losses,
+    }
+    (Path(args.output) / "cold_start.json").write_text(json.dumps(record, indent=2) + "\n")
+    loss = f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+    print(f"cold start: {args.steps} steps in {minutes:.1f} min, {loss}; saved {args.output}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rllib", description="Train ARPO and its baselines with Ray RLlib.")
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="train an algorithm")
@@ -205,11 +269,56 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="continue the experiment from its trials' latest checkpoints (set checkpoint_frequency in the file)",
     )
-    args = parser.parse_args(argv)
+    from_file.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check everything, print resources, learner memory and first prompts, start nothing",
+    )
+
+    evaluation = commands.add_parser("evaluate", help="evaluate a policy on benchmarks (pass@k, transcripts)")
+    evaluation.add_argument("policy", help="named model, save_pretrained directory or training checkpoint")
+    evaluation.add_argument(
+        "--data", nargs="+", default=["tir_task:test"], help="benchmarks: .jsonl / .parquet files or tir_task[:split]"
+    )
+    evaluation.add_argument("--experiment", help="take engine, tools, rollout and reward settings from this file")
+    evaluation.add_argument("--experiment-name", help="which experiment of the file (default: the first)")
+    evaluation.add_argument("--config", type=json.loads, help="JSON config overrides")
+    evaluation.add_argument("--samples", type=int, default=4, help="samples per question (n)")
+    evaluation.add_argument("--k", type=int, nargs="*", help="pass@k for these k (default: n)")
+    evaluation.add_argument("--temperature", type=float, default=0.6)
+    evaluation.add_argument("--top-p", type=float, default=0.95)
+    evaluation.add_argument("--limit", type=int, help="the first this many questions of each benchmark")
+    evaluation.add_argument("--seed", type=int, default=0)
+    evaluation.add_argument("--output", default="evaluation", help="directory for the table and transcripts")
+
+    cold = commands.add_parser("cold-start", help="SFT a chat model on tool-use demonstrations before RL")
+    cold.add_argument("model", help="named model or save_pretrained directory")
+    cold.add_argument("output", help="where to save the fine-tuned model")
+    cold.add_argument("--steps", type=int, default=60)
+    cold.add_argument("--batch-size", type=int, default=8)
+    cold.add_argument("--lr", type=float, default=3e-5)
+    cold.add_argument("--seed", type=int, default=0)
+    cold.add_argument("--max-tool-result-tokens", type=int, default=96)
+    cold.add_argument("--reference-set", help="a verl parquet training set (QA rows the search cache answers)")
+    cold.add_argument("--search-cache", help="the reference search_cache.json")
+    cold.add_argument("--search-top-k", type=int, default=3)
+    cold.add_argument("--reference-limit", type=int, help="use at most this many reference-set demonstrations")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
+        if args.command == "evaluate":
+            return evaluate(args)
+        if args.command == "cold-start":
+            return cold_start(args)
+        if args.dry_run:
+            return dry_run(args.config_file, args.stop, args.config)
         return train_file(args.config_file, args.stop, args.storage_path, args.config, resume=args.resume)
     except ConfigError as error:
-        print(f"rllib: error: {error}", file=sys.stderr)
+        where = f"{args.config_file}: " if args.command == "train" else ""
+        print(f"rllib: error: {where}{error}", file=sys.stderr)
         return 2
 
 

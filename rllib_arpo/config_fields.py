@@ -15,6 +15,7 @@ from typing import Any
 
 from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS
 from rllib_arpo.core.losses import LOSS_AGGREGATIONS, POLICY_LOSSES
+from rllib_arpo.core.registry import Registry
 from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.core.settings import setting
 from rllib_arpo.learner.packing import PACKING_MODES
@@ -34,12 +35,23 @@ def _at_least(values: dict[str, tuple[Any, float]]) -> None:
             raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
 
 
+def _registered(key: str, registry: Registry, name: str) -> Any:
+    """``registry.get(name)``, its error naming the config key."""
+    try:
+        return registry.get(name)
+    except ValueError as error:
+        raise ValueError(f"{key}: {error}") from None
+
+
 @dataclass(frozen=True)
 class PolicySettings:
     """The policy and the engine that samples from it."""
 
     model_path: str | None = setting(
-        None, "A `save_pretrained` directory, or `tiny` for the embedded policy built on first use."
+        None,
+        "A `save_pretrained` directory, or a model built on first use: `tiny` (the embedded policy), "
+        "`smollm2-135m` (SmolLM2-135M-Instruct). A relative path is looked up beside the experiment file, "
+        "then in the launch directory.",
     )
     dtype: str = setting(
         "float32",
@@ -52,7 +64,7 @@ class PolicySettings:
     )
 
     def __post_init__(self) -> None:
-        ENGINES.get(self.engine)
+        _registered("engine", ENGINES, self.engine)
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {list(DTYPE_NAMES)}, got {self.dtype!r}")
 
@@ -137,9 +149,9 @@ class LearningSettings:
     weight_decay: float = setting(0.0, "AdamW weight decay.")
 
     def __post_init__(self) -> None:
-        ADVANTAGE_ESTIMATORS.get(self.advantage_estimator)
-        POLICY_LOSSES.get(self.policy_loss)
-        aggregation = LOSS_AGGREGATIONS.get(self.loss_agg_mode)
+        _registered("advantage_estimator", ADVANTAGE_ESTIMATORS, self.advantage_estimator)
+        _registered("policy_loss", POLICY_LOSSES, self.policy_loss)
+        aggregation = _registered("loss_agg_mode", LOSS_AGGREGATIONS, self.loss_agg_mode)
         if self.token_sum_norm is not None and not aggregation.takes_token_sum_norm:
             raise ValueError(f"token_sum_norm applies to seq-mean-token-sum only, not {self.loss_agg_mode!r}")
         if not 0 <= self.clip_eps_low < 1 or not self.clip_eps_high >= 0:
@@ -224,8 +236,6 @@ class LearnerSettings:
             raise ValueError(f"weight_sync must be one of {list(WEIGHT_SYNCS)}, got {self.weight_sync!r}")
         if self.zero_stage not in ZERO_STAGES:
             raise ValueError(f"zero_stage must be one of {list(ZERO_STAGES)}, got {self.zero_stage!r}")
-        if not isinstance(self.deepspeed_config, dict):
-            raise ValueError(f"deepspeed_config must be a mapping, got {self.deepspeed_config!r}")
         if self.logprob_chunk_size is not None:
             _at_least({"logprob_chunk_size": (self.logprob_chunk_size, 1)})
 

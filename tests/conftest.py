@@ -16,3 +16,15 @@ def smollm2_path(tmp_path_factory):
 
     cache = os.environ.get("RLLIB_ARPO_TEST_MODEL_CACHE") or tmp_path_factory.mktemp("smollm2_cache")
     return str(load_or_build_smollm2(os.path.join(cache, SMOLLM2_DIRECTORY), progress=False))
+
+
+@pytest.fixture(scope="session")
+def arpo_data():
+    """The ARPO reference data beside the repository (``<repo>/../shared/data/arpo``, as in CI);
+    ``ARPO_DATA_DIR`` overrides the place. Tests that need it skip, saying where they looked."""
+    from pathlib import Path
+
+    data = Path(os.environ.get("ARPO_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data" / "arpo"))
+    if not (data / "rl_datasets").is_dir():
+        pytest.skip(f"the ARPO reference data is not at {data} (set ARPO_DATA_DIR to its folder)")
+    return data

@@ -22,6 +22,7 @@ Where we differ from the reference code:
 from __future__ import annotations
 
 import collections
+import math
 import re
 import string
 import threading
@@ -374,3 +375,21 @@ def accuracy(breakdowns: Sequence[RewardBreakdown]) -> float:
     if not breakdowns:
         raise ValueError("accuracy of no responses")
     return float(np.mean([b.correctness for b in breakdowns]))
+
+
+def pass_at_k(scores: Sequence[float], k: int) -> float:
+    """Unbiased pass@k of one question from n >= k sampled responses with correctness scores
+    ``scores``: the expected best score among k responses drawn without replacement.
+
+    With the scores sorted ascending, s_(1) <= ... <= s_(n), the best of k draws is s_(i) with
+    probability C(i - 1, k - 1) / C(n, k), so pass@k = sum_i C(i - 1, k - 1) / C(n, k) * s_(i).
+    For 1/0 scores with c correct this is Chen et al.'s estimator 1 - C(n - c, k) / C(n, k)
+    (arXiv 2107.03374); pass@1 is the mean score, ``accuracy``, for any scores (token F1
+    included).
+    """
+    n = len(scores)
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@{k} needs 1 <= k <= n, got n = {n} responses")
+    ordered = sorted(scores)
+    total = math.comb(n, k)
+    return float(sum(math.comb(i - 1, k - 1) * ordered[i - 1] for i in range(k, n + 1)) / total)

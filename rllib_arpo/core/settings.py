@@ -4,13 +4,18 @@ A group of config fields (the rollout's, the reward's, ...) is one frozen datacl
 is declared with ``setting(default, doc)``, so its name, type, default and meaning live in one
 place. ``ARPOConfig`` takes its fields and defaults from these groups, components are built with
 ``from_config``, and the configuration reference in the README is generated from the docs.
+``from_config`` checks every value against its field's type first (``check_type``), so a wrong
+type is reported as ``tau: expected a number, got 'abc'`` rather than failing later in a
+comparison.
 """
 
 from __future__ import annotations
 
 import copy
+import types
+import typing
 from dataclasses import MISSING, Field, field, fields
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Union
 
 Settings = TypeVar("Settings")
 
@@ -31,5 +36,51 @@ def default_of(settings_field: Field) -> Any:
 
 
 def from_config(cls: type[Settings], config: Any, **overrides: Any) -> Settings:
-    """``cls`` built from the attributes of ``config`` that bear its field names, then ``overrides``."""
-    return cls(**{**{f.name: getattr(config, f.name) for f in fields(cls)}, **overrides})
+    """``cls`` built from the attributes of ``config`` that bear its field names, then
+    ``overrides``; a value of the wrong type raises ``ValueError`` naming its field."""
+    values = {**{f.name: getattr(config, f.name) for f in fields(cls)}, **overrides}
+    hints = typing.get_type_hints(cls)
+    for name, value in values.items():
+        check_type(name, value, hints[name])
+    return cls(**values)
+
+
+def check_type(name: str, value: Any, hint: Any) -> None:
+    """Raise ``ValueError("<name>: expected <type>, got <value>")`` unless ``value`` fits the
+    type ``hint``: ``int`` (not a bool), ``float`` (an int will do), ``str``, ``bool``,
+    ``dict``, ``tuple[X, ...]`` (a list will do), ``X | None`` and ``Any``."""
+    if not _fits(value, hint):
+        raise ValueError(f"{name}: expected {describe_type(hint)}, got {value!r}")
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (Union, types.UnionType):
+        return any(_fits(value, arg) for arg in args)
+    if hint is Any:
+        return True
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if origin is tuple or hint is tuple:
+        return isinstance(value, (list, tuple)) and all(_fits(v, args[0] if args else Any) for v in value)
+    return isinstance(value, origin or hint)
+
+
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a mapping"}
+
+
+def describe_type(hint: Any) -> str:
+    """``float | None`` -> ``"a number or null"``."""
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        return " or ".join(describe_type(arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return "null"
+    if typing.get_origin(hint) is tuple:
+        return f"a list of {describe_type(typing.get_args(hint)[0]).removeprefix('a ').removeprefix('an ')}s"
+    return _TYPE_NAMES.get(typing.get_origin(hint) or hint, getattr(hint, "__name__", str(hint)))

@@ -8,11 +8,17 @@ config (``ARPOConfig.dataset``):
 - ``{"type": "parquet", "path": ".../train_10k.parquet"}``: verl's RL format (``prompt`` chat
   messages, ``ability``, ``reward_model.ground_truth``), read as it is: the system prompt is kept
   byte for byte, including the reference data's mangled ``\\boxed``;
-- ``{"type": "jsonl", "path": ".../gsm8k.jsonl", "task": "math"}``: ``question`` / ``answer``
-  lines (GSM8K's ``#### N`` answers are reduced to N), asked with ``system_prompt``.
+- ``{"type": "jsonl", "path": ".../gsm8k.jsonl"}``: ``question`` (or ``problem``) / ``answer``
+  lines (GSM8K's ``#### N`` answers are reduced to N), asked with ARPO's system prompt
+  (``data.prompts``); the task is ``math`` for the math benchmarks of ``BENCHMARK_TASKS`` (by
+  file name), else ``qa``, unless ``task`` says otherwise.
 
 A row without a field it needs raises ``BadRow`` naming the file, the row and the field;
 ``skip_bad_rows: true`` (parquet and jsonl) skips such rows instead and logs how many.
+
+The embedded task's questions are chat messages too (ARPO's system prompt, then the question), so
+a chat model reads them through its chat template; the tiny policy, which has none, reads their
+``plain_prompt`` (``data.prompts.encode_prompt``).
 """
 
 from __future__ import annotations
@@ -28,25 +34,31 @@ import numpy as np
 
 from rllib_arpo.core.registry import Registry
 from rllib_arpo.core.rewards import extract_gsm8k_reference
+from rllib_arpo.data.prompts import TIR_SYSTEM_PROMPT, tir_messages
 
 logger = logging.getLogger(__name__)
 
-TIR_SYSTEM_PROMPT = (
-    "Answer the question step by step. Think inside <think> </think>. To look facts up, write a "
-    "query inside <search> </search>; to compute, write Python code inside <python> </python>. "
-    "Each tool's output comes back inside <result> </result>. Give the final answer as "
-    "<answer> \\boxed{...} </answer>."
-)
+BENCHMARK_TASKS: dict[str, str] = {"aime24": "math", "aime25": "math", "math500": "math", "gsm8k": "math"}
+"""JSONL benchmark (file stem) -> task, for the math benchmarks; every other file is ``qa``."""
 
 
 @dataclass(frozen=True)
 class PromptExample:
-    """One prompt: plain text (used as is) or chat messages (rendered with the chat template)."""
+    """One prompt: plain text (used as is) or chat messages (rendered with the chat template).
+
+    Attributes:
+        prompt: the text, or the chat messages.
+        ground_truth: the gold answer, or a tuple of accepted answers.
+        task: ``"qa"`` or ``"math"``: picks the correctness score of the hierarchical reward.
+        source: where the example comes from (the benchmark, or ``tir_task/<kind>``).
+        plain_prompt: the text a tokenizer without a chat template reads instead of the messages.
+    """
 
     prompt: str | tuple[Mapping[str, str], ...]
     ground_truth: str | tuple[str, ...]
-    task: str  # "qa" or "math": picks the correctness score of the hierarchical reward
+    task: str
     source: str
+    plain_prompt: str | None = None
 
 
 DATASET_LOADERS: Registry[Callable[..., list[PromptExample]]] = Registry("dataset type")
@@ -68,11 +80,21 @@ def load_dataset(spec: Mapping[str, Any]) -> list[PromptExample]:
 
 
 @DATASET_LOADERS.register("tir_task")
-def _load_tir_task(seed: int = 0, split: str = "train", **task_kwargs) -> list[PromptExample]:
-    from rllib_arpo.data.tir_task import TIRTask, format_prompt
+def _load_tir_task(
+    seed: int = 0, split: str = "train", system_prompt: str = TIR_SYSTEM_PROMPT, **task_kwargs
+) -> list[PromptExample]:
+    from rllib_arpo.data.tir_task import TIRTask
 
-    task = TIRTask(seed=seed, **task_kwargs)
-    return [PromptExample(format_prompt(e), e.answer, "math", f"tir_task/{e.kind}") for e in task.split(split)]
+    return [tir_task_example(e, system_prompt) for e in TIRTask(seed=seed, **task_kwargs).split(split)]
+
+
+def tir_task_example(example, system_prompt: str = TIR_SYSTEM_PROMPT) -> PromptExample:
+    """A ``tir_task.TIRExample`` as a prompt: ARPO's chat messages, and the plain
+    ``"Question: ...\\nAnswer: "`` for a tokenizer without a chat template."""
+    from rllib_arpo.data.tir_task import format_prompt
+
+    messages = tir_messages(example.question, system_prompt)
+    return PromptExample(messages, example.answer, "math", f"tir_task/{example.kind}", format_prompt(example))
 
 
 class BadRow(ValueError):
@@ -134,11 +156,13 @@ def _load_parquet(path: str, limit: int | None = None, skip_bad_rows: bool = Fal
 @DATASET_LOADERS.register("jsonl")
 def _load_jsonl(
     path: str,
-    task: str = "qa",
+    task: str | None = None,
     system_prompt: str = TIR_SYSTEM_PROMPT,
     limit: int | None = None,
     skip_bad_rows: bool = False,
 ) -> list[PromptExample]:
+    task = task or BENCHMARK_TASKS.get(Path(path).stem, "qa")
+
     def make(line: str) -> PromptExample:
         try:
             record = json.loads(line)
@@ -146,15 +170,18 @@ def _load_jsonl(
             raise BadRow(f"not a JSON object ({error})") from None
         if not isinstance(record, dict):
             raise BadRow("not a JSON object")
-        question, answer = _field(record, "question"), _field(record, "answer")
+        if record.get("question") is None and record.get("problem") is not None:  # AIME 2025's file says "problem"
+            question = record["problem"]
+        else:
+            question = _field(record, "question")
+        answer = _field(record, "answer")
         if isinstance(answer, str) and "####" in answer:
             try:
                 answer = extract_gsm8k_reference(answer)
             except ValueError:
                 raise BadRow("field 'answer' has an empty '####' line") from None
         truth = tuple(str(a) for a in answer) if isinstance(answer, list) else str(answer)
-        messages = ({"role": "system", "content": system_prompt}, {"role": "user", "content": str(question)})
-        return PromptExample(messages, truth, task, Path(path).stem)
+        return PromptExample(tir_messages(str(question), system_prompt), truth, task, Path(path).stem)
 
     with open(_existing(path), encoding="utf-8", errors="replace") as lines:
         rows = ((number, line) for number, line in enumerate(lines, 1) if line.strip())  # line numbers from 1
@@ -174,22 +201,33 @@ def dataset_documents(spec: Mapping[str, Any]) -> list[str] | None:
         return None
     from rllib_arpo.data.tir_task import TIRTask
 
-    options = {k: v for k, v in spec.items() if k not in ("type", "split")}
+    options = {k: v for k, v in spec.items() if k not in ("type", "split", "system_prompt")}
     return TIRTask(**options).corpus()
 
 
-def encode_prompt(tokenizer, example: PromptExample) -> list[int]:
-    """Token ids of the prompt: chat messages through the tokenizer's chat template (with the
-    generation prompt), plain text as is, or messages joined by blank lines when the tokenizer
-    has no chat template."""
-    if isinstance(example.prompt, str):
-        return tokenizer.encode(example.prompt, add_special_tokens=False)
-    messages = [dict(m) for m in example.prompt]
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
-    text = "\n\n".join(m["content"] for m in messages) + "\n"
-    return tokenizer.encode(text, add_special_tokens=False)
+SEARCH_CORPUS_OPTIONS = ("backend", "corpus_path", "documents", "backend_options")
+"""The search tool's options that choose what it searches (``tools.search.SearchTool``)."""
+
+
+def tools_for_dataset(tools: Mapping[str, Any], dataset: Mapping[str, Any]) -> dict:
+    """The tool options for questions of ``dataset``: a dataset that brings its own corpus (the
+    embedded task's knowledge base) is searched there with BM25, whatever corpus the search tool
+    names (its other options, ``top_k`` and the like, stay); any other dataset uses the search
+    tool as configured, which must then name a corpus or a service."""
+    tools = dict(tools)
+    search = tools.get("search")
+    if search is None:
+        return tools
+    documents = dataset_documents(dataset)
+    if documents is not None:
+        kept = {k: v for k, v in (search or {}).items() if k not in SEARCH_CORPUS_OPTIONS}
+        tools["search"] = {**kept, "backend": "bm25", "documents": documents}
+    elif not {"corpus_path", "documents", "backend_options"} & set(search or {}):
+        raise ValueError(
+            f"tools.search: dataset {dataset.get('path', dataset.get('type'))!r} brings no corpus: "
+            "give the search tool a corpus_path (e.g. the reference search_cache.json with backend: cache)"
+        )
+    return tools
 
 
 class PromptStream:

@@ -1,37 +1,147 @@
-"""Evaluate a policy on held-out questions: one trajectory per question with the real tools.
+"""Evaluate a policy on held-out questions: n sampled trajectories per question, real tools.
 
-The questions go through the training rollout (``TreeRollout``) with M = N = 1 and
-``NoBranching``, so each question gets one plain trajectory sampled at ``temperature`` (0 =
-greedy). Trajectories are scored exactly as in training (``rollout.scoring.score_trees`` with the
-run's ``RewardSettings`` and tools).
+The questions go through the training rollout (``TreeRollout``) with M = N = n and
+``NoBranching``, so each question gets n independent trajectories sampled at ``temperature`` (0 =
+greedy) and ``top_p``. Trajectories are scored exactly as in training (``rollout.scoring.score_trees``
+with the run's ``RewardSettings`` and tools).
 
 Questions are ``data.datasets.PromptExample`` (any dataset: the embedded task, verl parquet,
-JSONL benchmarks). Metrics (means over the questions):
-    accuracy: ``core.rewards.accuracy`` (mean correctness S: math equivalence 1/0 or token F1
-        with the ground truth), also per source (``accuracy/<source>``: for the embedded task,
-        the question kinds ``search``, ``python`` and ``both``);
+JSONL benchmarks). Metrics (``summarize``; means over questions, and over a question's samples):
+    accuracy: ``core.rewards.accuracy``, the mean correctness S (math equivalence 1/0 or token
+        F1 with the ground truth), the same definition as in training; it is pass@1. Also per
+        source (``accuracy/<source>``: for the embedded task, the question kinds ``search``,
+        ``python`` and ``both``);
+    pass@k: ``core.rewards.pass_at_k`` for every requested k (1 < k <= n), the unbiased
+        estimator from the n samples of each question;
     format_error_rate: share of responses that fail ``validate_format``;
     reward_mean: mean R;
     tool_calls_per_question/<tool>: tool results per trajectory, for every tool of ``tools``;
     response_tokens_mean: response length in tokens, tool results included.
+During training (``evaluate_env_runner``) n = 1.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from rllib_arpo.core.branching import NoBranching
-from rllib_arpo.core.rewards import RewardSettings, accuracy
+from rllib_arpo.core.rewards import RewardBreakdown, RewardSettings, accuracy, pass_at_k
 from rllib_arpo.core.settings import from_config
-from rllib_arpo.data.datasets import PromptExample, encode_prompt, load_dataset
+from rllib_arpo.data.datasets import PromptExample, load_dataset
+from rllib_arpo.data.prompts import encode_prompt
 from rllib_arpo.rollout.engine import GenerationEngine
 from rllib_arpo.rollout.scoring import score_trees
 from rllib_arpo.rollout.settings import RolloutSettings
 from rllib_arpo.rollout.tree_rollout import TreeRollout
 from rllib_arpo.tools.base import ToolExecutor
+
+
+@dataclass
+class QuestionResult:
+    """The n sampled trajectories of one question: decoded responses (tool results included),
+    their reward breakdowns, tool calls and lengths in tokens."""
+
+    example: PromptExample
+    responses: list[str]
+    scores: list[RewardBreakdown]
+    tool_calls: list[dict[str, int]]
+    response_tokens: list[int]
+
+    def transcript(self) -> dict:
+        """A JSON-ready record of the question and its samples."""
+        return {
+            "source": self.example.source,
+            "prompt": self.example.prompt if isinstance(self.example.prompt, str) else list(self.example.prompt),
+            "ground_truth": self.example.ground_truth,
+            "samples": [
+                {
+                    "response": response,
+                    "reward": score.reward,
+                    "correctness": score.correctness,
+                    "format_ok": score.format_ok,
+                    "format_reason": score.format_reason,
+                    "answer": score.answer,
+                    "tool_calls": calls,
+                    "response_tokens": tokens,
+                }
+                for response, score, calls, tokens in zip(
+                    self.responses, self.scores, self.tool_calls, self.response_tokens
+                )
+            ],
+        }
+
+
+def rollout_questions(
+    engine: GenerationEngine,
+    examples: Sequence[PromptExample],
+    tools: ToolExecutor,
+    *,
+    samples: int,
+    rollout_settings: RolloutSettings,
+    reward_settings: RewardSettings,
+    temperature: float,
+    top_p: float = 1.0,
+    seed: int,
+    chunk_size: int = 64,
+    progress: bool = False,
+) -> list[QuestionResult]:
+    """``samples`` scored trajectories of every question, rolled out ``chunk_size`` questions per
+    ``TreeRollout.run`` call (chunk c uses seed ``seed + c``). Lengths and tool-call limits come
+    from ``rollout_settings``; the budget is ``samples`` trajectories per question, no branching."""
+    if not examples:
+        raise ValueError("an evaluation needs at least one example")
+    settings = dataclasses.replace(
+        rollout_settings, total_rollouts=samples, initial_rollouts=samples, temperature=temperature, top_p=top_p
+    )
+    rollout = TreeRollout(engine, tools, NoBranching(), settings)
+    tokenizer = engine.tokenizer
+    results = []
+    chunks = range(0, len(examples), chunk_size)
+    for chunk, begin in enumerate(tqdm(chunks, desc="questions", unit="chunk", disable=not progress)):
+        batch = examples[begin : begin + chunk_size]
+        trees, _ = rollout.run([encode_prompt(tokenizer, example) for example in batch], seed=seed + chunk)
+        for example, tree, scores in zip(
+            batch, trees, score_trees(trees, batch, tokenizer, reward_settings, tuple(tools.tools))
+        ):
+            trajectories = range(tree.num_trajectories)
+            results.append(
+                QuestionResult(
+                    example,
+                    [tokenizer.decode(tree.trajectory_response_ids(i), skip_special_tokens=True) for i in trajectories],
+                    scores,
+                    [dict(tree.tool_calls(i)) for i in trajectories],
+                    [len(tree.trajectory_response_ids(i)) for i in trajectories],
+                )
+            )
+    return results
+
+
+def summarize(results: Sequence[QuestionResult], tool_names: Sequence[str], ks: Sequence[int] = ()) -> dict[str, float]:
+    """The metrics of the module docstring over ``results``; ``pass@k`` for every k in ``ks``."""
+    flat = [score for result in results for score in result.scores]
+    metrics = {
+        "accuracy": float(np.mean([accuracy(result.scores) for result in results])),
+        "format_error_rate": 1.0 - float(np.mean([score.format_ok for score in flat])),
+        "reward_mean": float(np.mean([score.reward for score in flat])),
+        "response_tokens_mean": float(np.mean([n for result in results for n in result.response_tokens])),
+    }
+    for k in ks:
+        correctness = [[score.correctness for score in result.scores] for result in results]
+        metrics[f"pass@{k}"] = float(np.mean([pass_at_k(scores, k) for scores in correctness]))
+    for source in sorted({result.example.source for result in results}):
+        of_source = [result for result in results if result.example.source == source]
+        metrics[f"accuracy/{source.removeprefix('tir_task/')}"] = float(
+            np.mean([accuracy(result.scores) for result in of_source])
+        )
+    for name in tool_names:
+        calls = [call.get(name, 0) for result in results for call in result.tool_calls]
+        metrics[f"tool_calls_per_question/{name}"] = float(np.mean(calls))
+    return metrics
 
 
 def evaluate_policy(
@@ -45,36 +155,20 @@ def evaluate_policy(
     seed: int,
     chunk_size: int = 64,
 ) -> dict[str, float]:
-    """The metrics of the module docstring for ``examples``, rolled out ``chunk_size`` questions
-    per ``TreeRollout.run`` call (chunk c uses seed ``seed + c``). Lengths and tool-call limits
-    come from ``rollout_settings``; the budget is one trajectory per question."""
-    if not examples:
-        raise ValueError("evaluate_policy needs at least one example")
-    settings = dataclasses.replace(rollout_settings, total_rollouts=1, initial_rollouts=1, temperature=temperature)
-    rollout = TreeRollout(engine, tools, NoBranching(), settings)
-    tokenizer = engine.tokenizer
-    scores, lengths = [], []
-    calls = {name: [] for name in tools.tools}
-    for chunk, begin in enumerate(range(0, len(examples), chunk_size)):
-        batch = examples[begin : begin + chunk_size]
-        trees, _ = rollout.run([encode_prompt(tokenizer, example) for example in batch], seed=seed + chunk)
-        for tree, (score,) in zip(trees, score_trees(trees, batch, tokenizer, reward_settings, tuple(tools.tools))):
-            scores.append(score)
-            lengths.append(len(tree.trajectory_response_ids(0)))
-            for name in calls:
-                calls[name].append(tree.tool_calls(0).get(name, 0))
-    metrics = {
-        "accuracy": accuracy(scores),
-        "format_error_rate": 1.0 - float(np.mean([score.format_ok for score in scores])),
-        "reward_mean": float(np.mean([score.reward for score in scores])),
-        "response_tokens_mean": float(np.mean(lengths)),
-    }
-    for source in sorted({example.source for example in examples}):
-        of_source = [score for score, example in zip(scores, examples) if example.source == source]
-        metrics[f"accuracy/{source.removeprefix('tir_task/')}"] = accuracy(of_source)
-    for name, counts in calls.items():
-        metrics[f"tool_calls_per_question/{name}"] = float(np.mean(counts))
-    return metrics
+    """The metrics of the module docstring for ``examples`` with one trajectory per question."""
+    results = rollout_questions(
+        engine,
+        examples,
+        tools,
+        samples=1,
+        rollout_settings=rollout_settings,
+        reward_settings=reward_settings,
+        temperature=temperature,
+        top_p=rollout_settings.top_p,
+        seed=seed,
+        chunk_size=chunk_size,
+    )
+    return summarize(results, tuple(tools.tools))
 
 
 def held_out_examples(config) -> list[PromptExample]:

@@ -132,10 +132,12 @@ def estimate_learner_memory(
 def learner_memory_of_config(config: Any, sequence_length: int | None = None) -> LearnerMemory:
     """``estimate_learner_memory`` for an ``ARPOConfig``; the sequence length defaults to the
     longest row the rollout settings allow (prompt budget not included: add it if you know it).
-    A packed micro-batch (``packing`` packed/tree) is one sequence of ``micro_batch_tokens``."""
+    A packed micro-batch (``packing`` packed/tree) is one sequence of ``micro_batch_tokens``, or
+    of the longest row where that row alone is longer."""
     from rllib_arpo.models.cache import resolve_model_path
 
     packed = config.packing != "padded"
+    row_tokens = sequence_length or config.max_response_tokens
     return estimate_learner_memory(
         ModelShape.from_pretrained(resolve_model_path(config.model_path)),
         dtype=config.dtype,
@@ -145,7 +147,7 @@ def learner_memory_of_config(config: Any, sequence_length: int | None = None) ->
         zero_stage=config.zero_stage,
         zero_offload=config.zero_offload,
         micro_batch_size=1 if packed else config.micro_batch_size,
-        sequence_length=config.micro_batch_tokens if packed else sequence_length or config.max_response_tokens,
+        sequence_length=max(config.micro_batch_tokens, row_tokens) if packed else row_tokens,
         gradient_checkpointing=config.gradient_checkpointing,
         logprob_chunk_size=config.logprob_chunk_size,
     )

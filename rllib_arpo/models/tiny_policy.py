@@ -118,7 +118,7 @@ def tokenizer_texts(seed: int = 0) -> list[str]:
     level that every name shares.
     """
     pairs = fresh_demonstrations(NUM_DEMONSTRATIONS_FOR_TOKENIZER, np.random.default_rng(seed), {"perfect": 1.0})
-    return [prompt + transcript for prompt, transcript in pairs]
+    return [example.plain_prompt + transcript for example, transcript in pairs]
 
 
 def save_tiny_policy(

@@ -19,14 +19,21 @@ transcripts' copied tokens are a small share of their loss. On the drill every t
 copy, the heads form within about 600 steps, and the transcript SFT after it reaches 99.7% of the
 digits right.
 
-Each training sequence is tokenised the way the tree rollout builds it: the prompt, then the
-model's text up to each tool's closing tag, then the tool segment
+Each training sequence is tokenised the way the tree rollout builds it: the prompt as the model
+reads it (``data.prompts.encode_prompt``: a chat model's own chat template with ARPO's system
+prompt, the tiny policy's plain ``"Question: ...\nAnswer: "``), then the model's text up to
+each tool's closing tag, then the tool segment
 ``encode(" <result>") + encode(text)[:max_tool_result_tokens] + encode("</result>")``, and so on,
-then EOS. The loss mask is 0 on the prompt and on every tool segment (exactly the TOOL segments
-the RL loss masks) and 1 on the model's own tokens and the EOS. The loss is the token-level mean
-of the next-token cross entropy over the trained tokens of a batch:
+then EOS (a chat model's end-of-turn token). The loss mask is 0 on the prompt and on every tool
+segment (exactly the TOOL segments the RL loss masks) and 1 on the model's own tokens and the
+EOS. The loss is the token-level mean of the next-token cross entropy over the trained tokens of
+a batch:
 
     L = - sum_{i, t} m_{i,t} log pi(y_{i,t} | y_{i,<t}) / sum_{i, t} m_{i,t}
+
+A real chat model (``cold_start``) needs no copy drill: it trains on the embedded task's perfect
+demonstrations, and on the reference training set's questions that the search cache answers
+(``data.demonstrations``), in its own chat template.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ import ast
 import operator
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,7 +50,9 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rllib_arpo.data.tir_task import DEMONSTRATION_QUALITIES, TIRTask, demonstration, format_prompt
+from rllib_arpo.data.datasets import PromptExample, tir_task_example
+from rllib_arpo.data.prompts import encode_prompt
+from rllib_arpo.data.tir_task import DEMONSTRATION_QUALITIES, TIRTask, demonstration
 from rllib_arpo.tools.base import RESULT_CLOSE, RESULT_OPEN, encode_tool_result
 from rllib_arpo.tools.search import SearchTool
 
@@ -78,9 +87,13 @@ class SFTSequence:
     loss_mask: list[int]
 
 
+Demonstration = tuple[PromptExample, str]
+"""A prompt and the response a demonstrator writes for it (tool results included)."""
+
+
 def encode_transcript(
     tokenizer: PreTrainedTokenizerBase,
-    prompt: str,
+    prompt_ids: list[int],
     transcript: str,
     max_tool_result_tokens: int = MAX_TOOL_RESULT_TOKENS,
 ) -> SFTSequence:
@@ -90,7 +103,7 @@ def encode_transcript(
     def encode(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False)
 
-    ids = encode(prompt)
+    ids = list(prompt_ids)
     mask = [0] * len(ids)
     position = 0
     for result in _TOOL_RESULT.finditer(transcript):
@@ -101,6 +114,14 @@ def encode_transcript(
         position = result.end()
     model_ids = encode(transcript[position:]) + [tokenizer.eos_token_id]
     return SFTSequence(ids + model_ids, mask + [1] * len(model_ids))
+
+
+def encode_demonstration(
+    tokenizer: PreTrainedTokenizerBase, demonstration: Demonstration, max_tool_result_tokens: int
+) -> SFTSequence:
+    """``encode_transcript`` of a demonstration, its prompt as the model reads it (``encode_prompt``)."""
+    example, transcript = demonstration
+    return encode_transcript(tokenizer, encode_prompt(tokenizer, example), transcript, max_tool_result_tokens)
 
 
 def evaluate_arithmetic(code: str) -> str:
@@ -126,8 +147,8 @@ def fresh_demonstrations(
     *,
     questions_per_task: int = 256,
     num_entities: int = 256,
-) -> list[tuple[str, str]]:
-    """``count`` (prompt, transcript) pairs, each for a question drawn fresh, so no transcript repeats.
+) -> list[Demonstration]:
+    """``count`` demonstrations, each for a question drawn fresh, so no transcript repeats.
 
     The questions come from new tasks ``TIRTask(seed)`` with seeds drawn from ``rng`` in
     [2**32, 2**63) (so never a small task seed a run trains or evaluates on), ``questions_per_task``
@@ -142,7 +163,7 @@ def fresh_demonstrations(
         raise ValueError(f"unknown demonstration qualities {sorted(unknown)}; choose from {DEMONSTRATION_QUALITIES}")
     names = list(quality_mix)
     weights = np.array([quality_mix[name] for name in names], dtype=float)
-    pairs: list[tuple[str, str]] = []
+    pairs: list[Demonstration] = []
     while len(pairs) < count:
         task = TIRTask(
             seed=int(rng.integers(2**32, 2**63)),
@@ -158,7 +179,7 @@ def fresh_demonstrations(
                 transcript = demonstration(example, rng, quality, search=search, python=evaluate_arithmetic)
             except ValueError:
                 continue
-            pairs.append((format_prompt(example), transcript))
+            pairs.append((tir_task_example(example), transcript))
     return pairs
 
 
@@ -172,7 +193,7 @@ def sft_dataset(
 ) -> list[SFTSequence]:
     """``num_sequences`` ``fresh_demonstrations``, tokenised by ``encode_transcript``."""
     pairs = fresh_demonstrations(num_sequences, rng, quality_mix)
-    return [encode_transcript(tokenizer, prompt, transcript, max_tool_result_tokens) for prompt, transcript in pairs]
+    return [encode_demonstration(tokenizer, pair, max_tool_result_tokens) for pair in pairs]
 
 
 def copy_drill_sequences(tokenizer: PreTrainedTokenizerBase, rng: np.random.Generator, count: int) -> list[SFTSequence]:
@@ -220,14 +241,14 @@ def pad_batch(sequences: list[SFTSequence], pad_token_id: int) -> dict[str, torc
 
 
 def sft_loss(model: PreTrainedModel, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """Token-level mean next-token cross entropy over the trained tokens (module docstring)."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
-    targets = batch["input_ids"][:, 1:]
-    mask = batch["loss_mask"][:, 1:]
-    token_loss = torch.nn.functional.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
-    )
-    return (token_loss * mask.reshape(-1)).sum() / mask.sum()
+    """Token-level mean next-token cross entropy over the trained tokens (module docstring).
+
+    The output layer runs on the trained positions only: a real model's vocabulary projection
+    is a large part of its compute, and most positions (prompt, tool results) are not trained."""
+    hidden = model.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    trained = batch["loss_mask"][:, 1:] > 0
+    logits = model.get_output_embeddings()(hidden[:, :-1][trained])
+    return torch.nn.functional.cross_entropy(logits.float(), batch["input_ids"][:, 1:][trained])
 
 
 def warm_start(
@@ -239,13 +260,18 @@ def warm_start(
     batch_size: int = 16,
     lr: float = 1e-3,
     quality_mix: Mapping[str, float] = DEFAULT_QUALITY_MIX,
+    demonstrations: Sequence[Demonstration] = (),
+    max_tool_result_tokens: int = MAX_TOOL_RESULT_TOKENS,
     seed: int = 0,
     num_threads: int | None = None,
     progress: bool = True,
 ) -> list[float]:
     """Fine-tune ``model`` in place: ``copy_drill_steps`` steps on copy drills
-    (``copy_drill_sequences``), then ``steps`` steps on fresh demonstrations (``sft_dataset``),
-    every sequence seen once; returns the loss of every step (drill steps first).
+    (``copy_drill_sequences``), then ``steps`` steps on demonstrations, every sequence seen once;
+    returns the loss of every step (drill steps first). The demonstrations are the given
+    ``demonstrations`` (e.g. ``data.demonstrations.reference_set_demonstrations``) and as many
+    fresh embedded-task ones (``sft_dataset``) as fill ``steps * batch_size`` sequences, in random
+    order; tool results are cut to ``max_tool_result_tokens`` tokens.
 
     Each phase is a plain AdamW run (weight decay 0.01) on a new batch of ``batch_size`` sequences
     a step, right-padded: the drill at a constant learning rate ``lr``, the demonstrations with
@@ -256,9 +282,15 @@ def warm_start(
     (default ``os.cpu_count()``) during training and the previous setting after it. The model is
     left in eval mode.
     """
+    if len(demonstrations) > steps * batch_size:
+        raise ValueError(f"{len(demonstrations)} demonstrations do not fit in {steps} steps of {batch_size}")
     rng = np.random.default_rng(seed)
     drills = copy_drill_sequences(tokenizer, rng, copy_drill_steps * batch_size)
-    dataset = sft_dataset(tokenizer, rng, quality_mix, steps * batch_size)
+    fresh = steps * batch_size - len(demonstrations)
+    dataset = sft_dataset(tokenizer, rng, quality_mix, fresh, max_tool_result_tokens=max_tool_result_tokens)
+    if demonstrations:
+        dataset += [encode_demonstration(tokenizer, pair, max_tool_result_tokens) for pair in demonstrations]
+        dataset = [dataset[i] for i in rng.permutation(len(dataset))]
     demonstration_batches = length_pooled_batches([len(sequence.input_ids) for sequence in dataset], batch_size, rng)
     warmup = max(1, steps // 10)
     phases = [
@@ -289,4 +321,46 @@ def warm_start(
     finally:
         model.eval()
         torch.set_num_threads(previous_threads)
+    return losses
+
+
+COLD_START_QUALITY_MIX: dict[str, float] = {"perfect": 1.0}
+"""A real model's cold start shows only correct demonstrations (its mistakes are its own)."""
+
+
+def cold_start(
+    model_path: str,
+    output_dir: str,
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    demonstrations: Sequence[Demonstration] = (),
+    quality_mix: Mapping[str, float] = COLD_START_QUALITY_MIX,
+    max_tool_result_tokens: int = MAX_TOOL_RESULT_TOKENS,
+    seed: int = 0,
+    progress: bool = True,
+) -> list[float]:
+    """The cold start of a real chat model: ``warm_start`` (no copy drill) of the
+    ``save_pretrained`` model at ``model_path`` on ``demonstrations`` plus fresh embedded-task
+    ones, in float32, saved with its tokenizer into ``output_dir`` (a ``model_path`` for
+    training and evaluation). Returns the loss of every step."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    losses = warm_start(
+        model,
+        tokenizer,
+        steps=steps,
+        batch_size=batch_size,
+        lr=lr,
+        quality_mix=quality_mix,
+        demonstrations=demonstrations,
+        max_tool_result_tokens=max_tool_result_tokens,
+        seed=seed,
+        progress=progress,
+    )
+    model.save_pretrained(output_dir)
+    tokenizer.save_pretrained(output_dir)
     return losses

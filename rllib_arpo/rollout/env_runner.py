@@ -35,7 +35,8 @@ from ray.rllib.utils.metrics import (
 from rllib_arpo.core.rewards import RewardSettings, accuracy
 from rllib_arpo.core.settings import from_config
 from rllib_arpo.core.tree import RolloutTree
-from rllib_arpo.data.datasets import PromptStream, dataset_documents, encode_prompt, load_dataset
+from rllib_arpo.data.datasets import PromptStream, load_dataset, tools_for_dataset
+from rllib_arpo.data.prompts import encode_prompt
 from rllib_arpo.learner.rl_module import DTYPES, placeholder_spaces
 from rllib_arpo.rollout.engine import ENGINES
 from rllib_arpo.rollout.scoring import score_trees
@@ -106,7 +107,7 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         self.engine = build_engine(cfg)
         self.tokenizer = self.engine.tokenizer
         self.tools = ToolExecutor(
-            build_tools(_with_dataset_corpus(cfg.tools, cfg.dataset)),
+            build_tools(tools_for_dataset(cfg.tools, cfg.dataset)),
             max_workers=cfg.tool_workers,
             timeout_s=cfg.tool_timeout_s,
         )
@@ -249,15 +250,3 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         self.tools.close()
         if hasattr(self.engine, "close"):
             self.engine.close()
-
-
-def _with_dataset_corpus(tools: dict, dataset: dict) -> dict:
-    """A search tool given no corpus searches the dataset's own documents (the TIR task's
-    knowledge base)."""
-    search = tools.get("search")
-    if search is None or {"corpus_path", "documents"} & set(search) or search.get("backend") == "cache":
-        return tools
-    documents = dataset_documents(dataset)
-    if documents is None:
-        raise ValueError("the search tool needs 'corpus_path' (or 'documents'): this dataset brings no corpus")
-    return {**tools, "search": {**search, "documents": documents}}

@@ -61,7 +61,6 @@ class RolloutSettings:
 
     def __post_init__(self) -> None:
         BranchBudget(self.total_rollouts, self.initial_rollouts, self.branch_factor)
-        self.branching_policy()
         at_least = {
             "entropy_window (k)": (self.entropy_window, 1),
             "max_tool_calls": (self.max_tool_calls, 0),
@@ -69,10 +68,12 @@ class RolloutSettings:
             "max_tool_result_tokens": (self.max_tool_result_tokens, 0),
             "temperature": (self.temperature, 0.0),
             "aepo_sensitivity (b)": (self.aepo_sensitivity, 0.0),
+            "aepo_branch_penalty": (self.aepo_branch_penalty, 0.0),
         }
         for name, (value, minimum) in at_least.items():
             if not value >= minimum:
                 raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+        self.branching_policy()
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
         if self.early_children is not None and not isinstance(self.early_children, bool):

@@ -31,13 +31,17 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors.torch import save_file
-from transformers import AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 from vllm import LLM
 from vllm import SamplingParams as VLLMSamplingParams
 from vllm.inputs import TokensPrompt
+from vllm.platforms import current_platform
 
 from rllib_arpo.core.entropy import entropy_from_topk_logprobs, normalize_entropy
 from rllib_arpo.rollout.engine import EngineStats, Generation, SamplingParams
+
+CPU_BATCHED_TOKENS = 4096
+"""vLLM's default token budget of one engine step on CPU (``max_num_batched_tokens``)."""
 
 
 class VLLMEngine:
@@ -53,7 +57,10 @@ class VLLMEngine:
         seed: the engine's base seed.
         enable_prefix_caching: reuse the KV cache of shared prefixes across requests.
         llm_kwargs: further ``vllm.LLM`` arguments (e.g. ``block_size``: the prefix cache reuses
-            whole blocks only, 128 tokens by default on the CPU backend, 16 on GPUs).
+            whole blocks only, 128 tokens by default on the CPU backend, 16 on GPUs). On CPU,
+            chunked prefill is off unless set here, and a step's token budget
+            (``max_num_batched_tokens``) is at least the longest sequence: split prefills of seeded
+            requests crash vLLM 0.32's CPU backend.
     """
 
     prefers_early_children = False  # on CPU its time follows tokens computed, prefill included
@@ -73,6 +80,13 @@ class VLLMEngine:
     ) -> None:
         if logprobs_k < 1:
             raise ValueError(f"logprobs_k must be at least 1, got {logprobs_k}")
+        if current_platform.is_cpu() and "enable_chunked_prefill" not in llm_kwargs:
+            # vLLM 0.32 on CPU: a seeded request whose prefill is split over two steps has its
+            # sample discarded and its generator rewound, which a CPU generator cannot do (the
+            # engine dies: "CPU Generator does not use offset"). Whole prefills avoid the split.
+            longest = max_model_len or AutoConfig.from_pretrained(model_path).max_position_embeddings
+            budget = max(llm_kwargs.get("max_num_batched_tokens") or CPU_BATCHED_TOKENS, longest)
+            llm_kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=budget)
         self.llm = LLM(
             model=str(model_path),
             dtype=dtype,
@@ -90,6 +104,15 @@ class VLLMEngine:
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
         self.weights_version = 0
         self.stats = EngineStats()
+
+    @staticmethod
+    def passed_on_options() -> list[str]:
+        """The names ``**llm_kwargs`` may hold: ``vllm.LLM``'s engine arguments (``EngineArgs``)."""
+        from dataclasses import fields
+
+        from vllm.engine.arg_utils import EngineArgs
+
+        return [f.name for f in fields(EngineArgs)]
 
     @classmethod
     def from_pretrained(cls, path: str, *, dtype: torch.dtype | None = None, **kwargs) -> VLLMEngine:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rllib_arpo.cli import ConfigError, is_search_space, load_experiments
+from rllib_arpo.experiment_file import ConfigError, load_experiments
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -59,31 +59,64 @@ def test_unknown_run_and_config_keys_are_reported(tmp_path):
 def test_stop_and_config_overrides_and_grid_search_are_read(tmp_path):
     path = write(
         tmp_path,
-        "x:\n  run: ARPO\n  stop: {training_iteration: 50}\n  config: {tau: {grid_search: [0.3, 0.5]}, lr: 0.1}\n",
+        "x:\n  run: ARPO\n  stop: {training_iteration: 50}\n"
+        "  config: {model_path: tiny, tau: {grid_search: [0.3, 0.5]}, lr: 0.1}\n",
     )
     experiments = load_experiments(path, stop_override={"training_iteration": 2}, config_override={"lr": 0.5})
     assert experiments["x"]["stop"] == {"training_iteration": 2}
-    assert experiments["x"]["config"] == {"tau": {"grid_search": [0.3, 0.5]}, "lr": 0.5}
+    assert experiments["x"]["config"] == {"model_path": "tiny", "tau": {"grid_search": [0.3, 0.5]}, "lr": 0.5}
     with pytest.raises(ConfigError, match="unknown config key 'lrr'"):
         load_experiments(path, config_override={"lrr": 0.5})
 
 
-@pytest.mark.parametrize("example", sorted((REPO / "tuned_examples").glob("*.yaml")), ids=lambda p: p.name)
-def test_every_tuned_example_loads_and_validates(example):
-    from rllib_arpo.algorithm import ARPOConfig
+MODELS_TO_BRING = {"arpo_qwen.yaml", "arpo_smollm2.yaml"}
+"""Tuned examples whose model_path is the user's own directory (a Qwen2.5 checkpoint, the cold start)."""
 
-    for experiment in load_experiments(str(example)).values():
-        config = {k: v for k, v in experiment["config"].items() if not is_search_space(v)}
-        ARPOConfig().update_from_dict(config)._validate_arpo()
+
+@pytest.mark.parametrize("example", sorted((REPO / "tuned_examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_tuned_example_loads_and_validates(example, tiny_policy_cache, arpo_data):
+    override = {"model_path": "tiny"} if example.name in MODELS_TO_BRING else None
+    for experiment in load_experiments(str(example), config_override=override).values():
+        assert experiment["config"]
+    if override:
+        with pytest.raises(ConfigError, match="model_path: '.*' (holds no config.json|not found)"):
+            load_experiments(str(example))
+
+
+def test_dry_run_of_the_paper_config_checks_all_and_prints_resources_and_prompts(smollm2_path, arpo_data):
+    """The paper setting as shipped, its data found beside the repository; SmolLM2 stands in for
+    Qwen2.5-7B-Instruct (the same ChatML template), which is not available offline."""
+    env = {**os.environ, "RLLIB_ARPO_CACHE": str(Path(smollm2_path).parent)}
+    command = [
+        sys.executable, "-m", "rllib_arpo.cli", "train", "file", str(REPO / "tuned_examples" / "arpo_qwen.yaml"),
+        "--dry-run", "--config", '{"model_path": "smollm2-135m"}',
+    ]  # fmt: skip
+    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd="/")
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    out = completed.stdout
+    sections = [line for line in out.splitlines() if line.startswith("== ")]
+    assert sections == ["== experiment ==", "== resources ==", "== learner memory ==", "== prompts =="]
+    # 1 CPU for the algorithm, 2 EnvRunners with 1 CPU and 1 GPU each, 2 learners with 1 GPU each
+    assert "one trial asks Ray for 3 CPU, 4 GPU (placement group, strategy PACK)" in out
+    assert "one learner, per GPU: 2 x torch learner, dtype bfloat16, micro_batch_size 2, rows of " in out
+    assert "GiB per GPU" in out
+    data = arpo_data.resolve()
+    assert f'dataset: {{"type": "parquet", "path": "{data}/rl_datasets/train_10k.parquet"}}' in out
+    # the first training prompt, exactly as the model reads it: the reference system prompt in ChatML
+    assert "--- prompt 1 (training, DR_grpo_mix," in out
+    assert "<|im_start|>system\nYou are a helpful assistant that can solve the given question" in out
+    assert out.count("<|im_start|>assistant\n") == 3  # two training prompts and one held-out
+    assert out.count("\\x08oxed{answer here}") == 3  # the data's mangled \boxed, shown, not hidden
+    assert "Started a local Ray instance" not in out + completed.stderr
 
 
 def test_cli_exits_with_a_clear_message_on_a_bad_file(tmp_path):
+    path = write(tmp_path, "x:\n  run: NOPE\n")
     completed = subprocess.run(
-        [sys.executable, "-m", "rllib_arpo.cli", "train", "file", write(tmp_path, "x:\n  run: NOPE\n")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [sys.executable, "-m", "rllib_arpo.cli", "train", "file", path], capture_output=True, text=True, timeout=120
+    )
     assert completed.returncode == 2
-    assert "rllib: error: experiment 'x': unknown run: 'NOPE'" in completed.stderr
+    assert completed.stderr == f"rllib: error: {path}: experiment 'x': unknown run: 'NOPE'; known: ['ARPO']\n"
 
 
 def test_search_spaces_and_the_asha_scheduler_are_read(tmp_path):
@@ -107,3 +140,5 @@ def test_search_spaces_and_the_asha_scheduler_are_read(tmp_path):
         _scheduler({"type": "pbt", "metric": "m", "mode": "max"}, "x")
     with pytest.raises(ConfigError, match=r"scheduler needs \['mode'\]"):
         _scheduler({"type": "asha", "metric": "m"}, "x")
+    with pytest.raises(ConfigError, match="experiment 'x': bad scheduler option: .*'grace'"):
+        _scheduler({"type": "asha", "metric": "m", "mode": "max", "grace": 1}, "x")

@@ -59,7 +59,7 @@ def test_the_backend_field_picks_the_learner_class():
         ({"learner_backend": "fsdp"}, r"learner_backend must be one of \['torch', 'deepspeed'\], got 'fsdp'"),
         ({"weight_sync": "disk"}, r"weight_sync must be one of \['object_store', 'broadcast'\], got 'disk'"),
         ({"logprob_chunk_size": 0}, "logprob_chunk_size must be >= 1"),
-        ({"deepspeed_config": [1]}, "deepspeed_config must be a mapping"),
+        ({"deepspeed_config": [1]}, r"deepspeed_config: expected a mapping, got \[1\]"),
         ({"packing": "ragged"}, r"packing must be one of \['padded', 'packed', 'tree'\], got 'ragged'"),
         ({"packing": "tree"}, r"packing: tree needs learner_backend: torch .* use packing: padded"),
         ({"packing": "packed", "learner_backend": "torch", "micro_batch_tokens": 0}, "micro_batch_tokens must be >= 1"),

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from rllib_arpo.algorithm import ARPOConfig
-from rllib_arpo.data.datasets import PromptStream, encode_prompt, load_dataset
+from rllib_arpo.data.datasets import PromptStream, load_dataset
+from rllib_arpo.data.prompts import encode_prompt
 
 DATA = Path(os.environ.get("ARPO_DATA_DIR", Path(__file__).resolve().parents[3] / "shared/data/arpo"))
 needs_data = pytest.mark.skipif(not DATA.exists(), reason="ARPO reference data not present")
@@ -29,10 +30,10 @@ def test_core_imports_neither_ray_nor_transformers():
         ({"branch_factor": 0}, r"branch_factor \(Z=0\) must be >= 1"),
         ({"tau": 1.5}, r"tau must lie in \[0, 1\], got 1.5"),
         ({"beta": -0.1}, "beta must be >= 0"),
-        ({"advantage_estimator": "ppo"}, "unknown advantage estimator 'ppo'.*known: aepo, arpo_hard"),
-        ({"policy_loss": "clip"}, "unknown policy loss 'clip'"),
-        ({"loss_agg_mode": "mean"}, "unknown loss aggregation mode 'mean'"),
-        ({"engine": "sglang"}, "unknown generation engine 'sglang'.*known: hf, vllm"),
+        ({"advantage_estimator": "ppo"}, "advantage_estimator: unknown advantage estimator 'ppo'.*known: aepo"),
+        ({"policy_loss": "clip"}, "policy_loss: unknown policy loss 'clip'"),
+        ({"loss_agg_mode": "mean"}, "loss_agg_mode: unknown loss aggregation mode 'mean'"),
+        ({"engine": "sglang"}, "engine: unknown generation engine 'sglang'.*known: hf, vllm"),
         ({"dtype": "fp8"}, "dtype must be one of"),
         ({"branching_mode": "always"}, r"mode \(branching_mode\) must be one of \['threshold', 'stochastic'\]"),
         ({"branching": "tree"}, "branching must be one of"),
@@ -45,7 +46,11 @@ def test_core_imports_neither_ray_nor_transformers():
         ({"dual_clip": 0.5}, "dual_clip must be > 1"),
         ({"micro_batch_size": 0}, "micro_batch_size must be >= 1"),
         ({"model_path": None}, "model_path must name"),
-        ({"early_children": "yes"}, "early_children must be true, false or null"),
+        ({"tau": "abc"}, "tau: expected a number, got 'abc'"),
+        ({"max_tool_calls": 2.5}, "max_tool_calls: expected an integer, got 2.5"),
+        ({"multi_tool_set": "search"}, "multi_tool_set: expected a list of strings, got 'search'"),
+        ({"aepo_branch_penalty": -1.0}, "aepo_branch_penalty must be >= 0.0"),
+        ({"early_children": "yes"}, "early_children: expected true or false or null, got 'yes'"),
     ],
 )
 def test_config_validation_names_the_field(fields, message):
@@ -133,4 +138,19 @@ def test_plain_prompts_are_encoded_without_special_tokens():
             return [ord(c) for c in text]
 
     example = load_dataset({"type": "tir_task", "seed": 0, "split": "test"})[0]
-    assert encode_prompt(Tokenizer(), example) == [ord(c) for c in example.prompt]
+    assert encode_prompt(Tokenizer(), example) == [ord(c) for c in example.plain_prompt]
+    assert example.plain_prompt.startswith("Question: ") and example.plain_prompt.endswith("\nAnswer: ")
+
+
+def test_a_dataset_with_its_own_corpus_is_searched_there():
+    from rllib_arpo.data.datasets import tools_for_dataset
+    from rllib_arpo.data.tir_task import TIRTask
+
+    tools = {"search": {"backend": "cache", "corpus_path": "/data/search_cache.json", "top_k": 2}, "python": {}}
+    embedded = tools_for_dataset(tools, {"type": "tir_task", "seed": 3, "split": "test"})
+    assert embedded["python"] == {} and "corpus_path" not in embedded["search"]
+    assert (embedded["search"]["backend"], embedded["search"]["top_k"]) == ("bm25", 2)
+    assert embedded["search"]["documents"] == TIRTask(seed=3).corpus()
+    assert tools_for_dataset(tools, {"type": "jsonl", "path": "q.jsonl"}) == tools
+    with pytest.raises(ValueError, match="tools.search: dataset 'q.jsonl' brings no corpus"):
+        tools_for_dataset({"search": {"backend": "bm25"}}, {"type": "jsonl", "path": "q.jsonl"})

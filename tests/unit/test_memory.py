@@ -83,10 +83,15 @@ def test_the_config_fields_reach_the_estimate(tmp_path):
     )  # fmt: skip
     assert learner_memory_of_config(config) == expected
     assert learner_memory_of_config(config, sequence_length=1000).activations > expected.activations
-    # a packed micro-batch is one sequence of micro_batch_tokens, whatever the rows' length
+    # a packed micro-batch is one sequence of micro_batch_tokens, or the one row longer than that
     config.learners(learner_backend="torch", packing="tree", micro_batch_tokens=900)
-    packed = estimate_learner_memory(
-        ModelShape.from_pretrained(str(tmp_path)), dtype="bfloat16", learner_backend="torch", num_learners=4,
-        zero_stage=3, micro_batch_size=1, sequence_length=900, gradient_checkpointing=True, logprob_chunk_size=64,
-    )  # fmt: skip
-    assert learner_memory_of_config(config, sequence_length=1000) == packed
+
+    def packed(tokens):
+        return estimate_learner_memory(
+            ModelShape.from_pretrained(str(tmp_path)), dtype="bfloat16", learner_backend="torch", num_learners=4,
+            zero_stage=3, micro_batch_size=1, sequence_length=tokens, gradient_checkpointing=True,
+            logprob_chunk_size=64,
+        )  # fmt: skip
+
+    assert learner_memory_of_config(config, sequence_length=500) == packed(900)
+    assert learner_memory_of_config(config, sequence_length=1000) == packed(1000)

@@ -63,7 +63,8 @@ def test_mask_trains_only_the_model_text(tokenizer):
         " <think> I compute it with Python. </think> <python> 48213 * 7 </python> <result>337491</result>"
         " <answer> \\boxed{337491} </answer>"
     )
-    sequence = encode_transcript(tokenizer, prompt, transcript)
+    prompt_ids = tokenizer.encode(prompt)
+    sequence = encode_transcript(tokenizer, prompt_ids, transcript)
     assert spans(tokenizer, sequence.input_ids, sequence.loss_mask) == [
         (0, prompt),
         (1, "<think> I need the population of Zorvath. </think> <search> population of Zorvath </search>"),
@@ -78,7 +79,7 @@ def test_mask_trains_only_the_model_text(tokenizer):
     assert sequence.input_ids[answer_start - len(result_ids) : answer_start] == result_ids
 
     # results are cut to max_tool_result_tokens like the rollout does (digits are single tokens)
-    cut = encode_transcript(tokenizer, prompt, transcript, max_tool_result_tokens=3)
+    cut = encode_transcript(tokenizer, prompt_ids, transcript, max_tool_result_tokens=3)
     cut_page = tokenizer.decode(tokenizer.encode(page)[:3])
     assert spans(tokenizer, cut.input_ids, cut.loss_mask)[2] == (0, f" <result>{cut_page}</result>")
     assert spans(tokenizer, cut.input_ids, cut.loss_mask)[4] == (0, " <result>337</result>")
@@ -96,14 +97,14 @@ def test_evaluate_arithmetic_answers_like_the_python_tool():
 def test_fresh_demonstrations_never_repeat_a_knowledge_base():
     # 3 questions per task (one of each kind), so 7 demonstrations come from 3 new tasks
     pairs = fresh_demonstrations(7, np.random.default_rng(0), PERFECT_ONLY, questions_per_task=3, num_entities=8)
-    assert len(pairs) == 7 and len({prompt for prompt, _ in pairs}) == 7
+    assert len(pairs) == 7 and len({example.plain_prompt for example, _ in pairs}) == 7
     seed_0_names = {
         entity.name for entity in TIRTask(seed=0, num_entities=8, num_train=3, num_valid=0, num_test=0).entities
     }
     searched = set()
-    for prompt, transcript in pairs:
+    for example, transcript in pairs:
         answer = re.search(r"\\boxed\{(-?\d+)\}", transcript).group(1)
-        arithmetic = re.fullmatch(r"Question: What is ([\d ()+*-]+)\?\nAnswer: ", prompt)
+        arithmetic = re.fullmatch(r"Question: What is ([\d ()+*-]+)\?\nAnswer: ", example.plain_prompt)
         if arithmetic:  # a python question: the code is the question's expression, answered in process
             assert f"<python> {arithmetic.group(1)} </python> <result>{answer}</result>" in transcript
         else:  # the number first searched for is read from that task's own corpus
@@ -119,12 +120,12 @@ def test_sft_dataset_masks_results(tokenizer):
     perfect = sft_dataset(tokenizer, np.random.default_rng(0), PERFECT_ONLY, 6)
     pairs = fresh_demonstrations(6, np.random.default_rng(0), PERFECT_ONLY)  # the same draws
     assert len(perfect) == 6
-    for (prompt, transcript), sequence in zip(pairs, perfect):
+    for (example, transcript), sequence in zip(pairs, perfect):
         trained = "".join(text for value, text in spans(tokenizer, sequence.input_ids, sequence.loss_mask) if value)
         answer = re.search(r"\\boxed\{-?\d+\}", transcript).group()
         assert trained.endswith(f"<answer> {answer} </answer><|endoftext|>")
         assert "<result>" not in trained and "Page 1" not in trained
-        assert tokenizer.decode(sequence.input_ids).startswith(prompt)
+        assert tokenizer.decode(sequence.input_ids).startswith(example.plain_prompt)
 
     stopped = sft_dataset(tokenizer, np.random.default_rng(0), {"stopped_early": 1.0}, 6)
     for sequence in stopped:  # first tool result, then EOS: nothing after the result but the EOS is trained
@@ -147,8 +148,8 @@ def test_length_pooled_batches_sort_within_each_pool():
 
 def test_pad_batch_and_loss_count_only_trained_tokens(tokenizer):
     model = build_tiny_policy(tokenizer, **SMALL_MODEL)
-    short = encode_transcript(tokenizer, "Question: a\nAnswer: ", "<answer> \\boxed{1} </answer>")
-    long = encode_transcript(tokenizer, "Question: bb\nAnswer: ", "<answer> \\boxed{22} </answer>")
+    short = encode_transcript(tokenizer, tokenizer.encode("Question: a\nAnswer: "), "<answer> \\boxed{1} </answer>")
+    long = encode_transcript(tokenizer, tokenizer.encode("Question: bb\nAnswer: "), "<answer> \\boxed{22} </answer>")
     batch = pad_batch([short, long], tokenizer.pad_token_id)
     width = len(long.input_ids)
     assert batch["input_ids"].shape == (2, width)

@@ -1,0 +1,63 @@
+"""How a prompt reaches the model: ARPO's system prompt and the tokenizer's chat template.
+
+ARPO's prompt (arXiv 2507.19849, and the reference RL data) is a system message that names the
+tool tags and asks for the final answer as ``\\boxed{...}`` inside ``<answer>``, then the question
+as the user message. A chat model reads both through its own chat template, with the generation
+prompt (the assistant header) at the end, and its response starts right after that. The tool
+results stay inside that same assistant turn, appended after each call's closing tag as
+`` <result>...</result>`` (``tools.base.wrap_result``), as in the reference rollout; the
+response ends with the template's end-of-turn token (the tokenizer's EOS, e.g. ChatML's
+``<|im_end|>``).
+
+A tokenizer without a chat template (the embedded tiny policy) gets the example's
+``plain_prompt`` (the embedded task's ``"Question: ...\\nAnswer: "``), else the contents of the
+messages joined by blank lines.
+
+Tags are single tokens only in the tiny policy's tokenizer. In a real model's vocabulary
+``</search>`` is several tokens (SmolLM2: ``" </"``, ``"search"``, ``">"``); the engines stop on
+the decoded text, so a stop string is found whichever tokens spell it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rllib_arpo.data.datasets import PromptExample
+
+TIR_SYSTEM_PROMPT = (
+    "Answer the question step by step. Think inside <think> </think>. To look facts up, write a "
+    "query inside <search> </search>; to compute, write Python code inside <python> </python>. "
+    "Each tool's output comes back inside <result> </result>. Give the final answer as "
+    "<answer> \\boxed{...} </answer>."
+)
+"""The project's ARPO system prompt: the tool tags, the result tag and the boxed final answer."""
+
+
+def tir_messages(question: str, system_prompt: str = TIR_SYSTEM_PROMPT) -> tuple[dict[str, str], ...]:
+    """The chat messages of a question: ARPO's system prompt, then the question from the user."""
+    return ({"role": "system", "content": system_prompt}, {"role": "user", "content": question})
+
+
+def has_chat_template(tokenizer) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def encode_prompt(tokenizer, example: PromptExample) -> list[int]:
+    """Token ids of the prompt (see the module docstring): plain text as is; chat messages
+    through the chat template with the generation prompt; without a chat template, the
+    example's ``plain_prompt`` or the messages joined by blank lines."""
+    if isinstance(example.prompt, str):
+        return tokenizer.encode(example.prompt, add_special_tokens=False)
+    messages = [dict(m) for m in example.prompt]
+    if has_chat_template(tokenizer):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
+    text = example.plain_prompt or "\n\n".join(m["content"] for m in messages) + "\n"
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def render_prompt(tokenizer, example: PromptExample) -> str:
+    """The prompt exactly as the model sees it: its token ids decoded, special tokens included."""
+    return tokenizer.decode(encode_prompt(tokenizer, example), skip_special_tokens=False)

@@ -1,0 +1,184 @@
+"""``rllib train file X.yaml --dry-run``: what a run would do, printed without starting Ray.
+
+The report is a list of sections, each a title and a function of a ``PlannedExperiment`` (an
+experiment whose config passed every check of ``experiment_file``) that returns its text.
+``DRY_RUN_SECTIONS`` lists them in print order; a new section is one more function decorated
+with ``dry_run_section("title")``:
+
+- ``experiment``: the run, the stop criteria, the number of trials, where results go, and every
+  config value the file sets (paths resolved);
+- ``resources``: the Ray resource bundles one trial asks for (RLlib's placement group: the
+  algorithm's main process, the EnvRunners, the learners) and their sums;
+- ``learner memory``: the estimate of one learner's memory (``learner.memory``) for the model,
+  the learner layout and rows of the longest sequence: the prompt budget (``max_prompt_tokens``,
+  else the longest of the first ``PROMPTS_MEASURED`` training prompts) plus
+  ``max_response_tokens``;
+- ``prompts``: the first training prompts (and the first held-out one) exactly as the model
+  reads them, special tokens included, decoded from the token ids it is given; control
+  characters other than newlines and tabs are shown as ``\\xNN`` (the reference prompt's
+  backspace in a mangled ``\\boxed`` reads ``\\x08oxed``).
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+PROMPTS_SHOWN = 2
+"""Training prompts the ``prompts`` section prints (the first ones EnvRunner 1 rolls out)."""
+PROMPTS_MEASURED = 256
+"""Training prompts the ``learner memory`` section measures when ``max_prompt_tokens`` is unset."""
+
+
+@dataclass(frozen=True)
+class PlannedExperiment:
+    """One experiment of a checked file.
+
+    Attributes:
+        name: the experiment's name in the file.
+        experiment: its entry (``run``, ``stop``, ``config`` with resolved paths, ...).
+        config: the checked ``ARPOConfig`` of its first trial (grid searches at their first value).
+        trials: the number of trials Tune would run (grid size times ``num_samples``).
+    """
+
+    name: str
+    experiment: dict[str, Any]
+    config: Any
+    trials: int
+
+
+DRY_RUN_SECTIONS: list[tuple[str, Callable[[PlannedExperiment], str]]] = []
+"""(title, function returning the section's text), in print order."""
+
+
+def dry_run_section(title: str) -> Callable:
+    """Decorator: add the decorated function to ``DRY_RUN_SECTIONS`` under ``title``."""
+
+    def decorator(function: Callable[[PlannedExperiment], str]) -> Callable[[PlannedExperiment], str]:
+        DRY_RUN_SECTIONS.append((title, function))
+        return function
+
+    return decorator
+
+
+def dry_run_report(planned: PlannedExperiment) -> str:
+    """Every section of ``DRY_RUN_SECTIONS`` for one experiment, each under a ``== title ==`` line."""
+    parts = [f"=== experiment {planned.name!r}: dry run (nothing started) ==="]
+    for title, section in DRY_RUN_SECTIONS:
+        parts += ["", f"== {title} ==", section(planned).rstrip()]
+    return "\n".join(parts) + "\n"
+
+
+@dry_run_section("experiment")
+def experiment_section(planned: PlannedExperiment) -> str:
+    experiment = planned.experiment
+    checkpoints = experiment.get("checkpoint_config") or {}
+    lines = [
+        f"run: {experiment['run']}",
+        f"stop: {json.dumps(experiment.get('stop') or {})}",
+        f"trials: {planned.trials}",
+        f"storage_path: {experiment.get('storage_path') or '~/ray_results'}",
+        f"checkpoint_config: {json.dumps(checkpoints)}",
+        "config (as given, paths resolved):",
+    ]
+    lines += [f"  {key}: {json.dumps(value, default=str)}" for key, value in (experiment.get("config") or {}).items()]
+    return "\n".join(lines)
+
+
+@dry_run_section("resources")
+def resources_section(planned: PlannedExperiment) -> str:
+    from rllib_arpo.algorithm import TRAINABLES
+
+    config = planned.config
+    request = TRAINABLES[planned.experiment["run"]].default_resource_request(config)
+    bundles = request.bundles
+    totals: dict[str, float] = {}
+    for bundle in bundles:
+        for resource, amount in bundle.items():
+            totals[resource] = totals.get(resource, 0.0) + amount
+    total = ", ".join(f"{amount:g} {resource}" for resource, amount in sorted(totals.items()))
+    lines = [
+        f"one trial asks Ray for {total} (placement group, strategy {request.strategy}):",
+        f"  EnvRunners: {config.num_env_runners} remote"
+        + ("" if config.num_env_runners else " (the EnvRunner runs in the algorithm's own process)"),
+        f"  learners: {config.num_learners} remote"
+        + ("" if config.num_learners else " (the learner runs in the algorithm's own process)"),
+        "  bundles: " + ", ".join(json.dumps(bundle) for bundle in bundles),
+    ]
+    if planned.trials > 1:
+        lines.append(f"{planned.trials} trials: Tune runs as many at once as the cluster holds")
+    return "\n".join(lines)
+
+
+@dry_run_section("learner memory")
+def learner_memory_section(planned: PlannedExperiment) -> str:
+    from rllib_arpo.learner.memory import learner_memory_of_config
+
+    config = planned.config
+    if config.max_prompt_tokens:
+        prompt_tokens, prompt_source = config.max_prompt_tokens, "max_prompt_tokens"
+    else:
+        prompt_tokens = _longest_prompt(config, PROMPTS_MEASURED)
+        prompt_source = f"the longest of the first {PROMPTS_MEASURED} training prompts"
+    length = prompt_tokens + config.max_response_tokens
+    layout = config.learner_backend + (f" ZeRO-{config.zero_stage}" if config.learner_backend == "deepspeed" else "")
+    learners = max(config.num_learners, 1)
+    where = "per GPU" if config.num_gpus_per_learner else "on the CPU (num_gpus_per_learner: 0)"
+    if config.packing == "padded":
+        micro_batch = f"micro_batch_size {config.micro_batch_size}"
+    else:
+        micro_batch = f"packing {config.packing}, micro_batch_tokens {config.micro_batch_tokens}"
+    return "\n".join(
+        [
+            f"one learner, {where}: {learners} x {layout} learner, dtype {config.dtype}, {micro_batch}, "
+            f"rows of {length} tokens ({prompt_tokens}, {prompt_source}, + {config.max_response_tokens}, "
+            "max_response_tokens):",
+            learner_memory_of_config(config, sequence_length=length).table(),
+        ]
+    )
+
+
+def _longest_prompt(config: Any, count: int) -> int:
+    from transformers import AutoTokenizer
+
+    from rllib_arpo.data.datasets import load_dataset
+    from rllib_arpo.data.prompts import encode_prompt
+    from rllib_arpo.models.cache import resolve_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.model_path))
+    return max(len(encode_prompt(tokenizer, example)) for example in load_dataset(config.dataset)[:count])
+
+
+@dry_run_section("prompts")
+def prompts_section(planned: PlannedExperiment) -> str:
+    from transformers import AutoTokenizer
+
+    from rllib_arpo.data.datasets import PromptStream, load_dataset
+    from rllib_arpo.data.prompts import encode_prompt, render_prompt
+    from rllib_arpo.eval.evaluate import held_out_examples
+    from rllib_arpo.models.cache import resolve_model_path
+
+    config = planned.config
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.model_path))
+    stream = PromptStream(
+        load_dataset(config.dataset), seed=config.seed or 0, index=0, count=max(config.num_env_runners, 1)
+    )
+    shown = [("training", example) for example in stream.next_batch(PROMPTS_SHOWN)]
+    if config.held_out_interval:
+        shown.append(("held-out", held_out_examples(config)[0]))
+    lines = []
+    for number, (split, example) in enumerate(shown, 1):
+        tokens = len(encode_prompt(tokenizer, example))
+        lines += [
+            f"--- prompt {number} ({split}, {example.source}, {tokens} tokens, answer {example.ground_truth!r}) ---"
+        ]
+        lines += [visible(render_prompt(tokenizer, example)), ""]
+    return "\n".join(lines)
+
+
+def visible(text: str) -> str:
+    """``text`` with every control character but newline and tab written as ``\\xNN``."""
+    return "".join(f"\\x{ord(c):02x}" if unicodedata.category(c) == "Cc" and c not in "\n\t" else c for c in text)

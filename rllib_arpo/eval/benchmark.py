@@ -1,0 +1,173 @@
+"""``rllib evaluate``: a policy on benchmark files, n samples per question, pass@k, a table.
+
+    rllib evaluate POLICY --data ../shared/data/arpo/eval/gsm8k.jsonl tir_task:test \\
+        --experiment tuned_examples/arpo_smollm2.yaml --samples 4 --limit 50 --output eval_out
+
+``POLICY`` is a named model (``tiny``, ``smollm2-135m``), a ``save_pretrained`` directory, or a
+training checkpoint (an ``rllib train`` checkpoint directory: the policy it holds as a
+transformers directory, ``checkpoint_*/policy``). Each benchmark is a ``.jsonl`` file (``question`` / ``answer``
+lines, the task from ``data.datasets.BENCHMARK_TASKS``), a verl ``.parquet`` file, or
+``tir_task[:split]`` (the embedded task, default split ``test``).
+
+Engine, tools, rollout lengths and reward come from the run's config (``--experiment`` file, then
+``--config`` overrides), exactly as in training; the questions of each benchmark are searched in
+that benchmark's own corpus where it brings one (``data.datasets.tools_for_dataset``). Scores and
+accuracy are the training ones (``eval.evaluate``). Output:
+
+- a table, one row per benchmark (pass@1 and pass@k, format-error rate, tool calls and response
+  tokens per trajectory, minutes), printed and written to ``results.csv`` and ``results.json``
+  (with the settings of the run);
+- ``transcripts/<benchmark>.jsonl``: every question with its samples, scores and tool calls.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from rllib_arpo.core.rewards import RewardSettings
+from rllib_arpo.core.settings import from_config
+from rllib_arpo.eval.evaluate import rollout_questions, summarize
+from rllib_arpo.rollout.settings import RolloutSettings
+
+TIR_TASK = "tir_task"
+
+
+def benchmark_spec(text: str) -> dict:
+    """A benchmark argument as a dataset spec: ``x.jsonl``, ``x.parquet`` or ``tir_task[:split]``."""
+    if text == TIR_TASK or text.startswith(f"{TIR_TASK}:"):
+        return {"type": TIR_TASK, "seed": 0, "split": text.partition(":")[2] or "test"}
+    path = Path(text).expanduser()
+    if path.suffix not in (".jsonl", ".parquet"):
+        raise ValueError(f"benchmark {text!r}: expected a .jsonl or .parquet file, or tir_task[:split]")
+    if not path.is_file():
+        raise ValueError(f"benchmark {text!r}: no such file")
+    return {"type": path.suffix[1:], "path": str(path.resolve())}
+
+
+def benchmark_name(spec: dict) -> str:
+    if spec["type"] == TIR_TASK:
+        return f"{TIR_TASK}-{spec['split']}"
+    return Path(spec["path"]).stem
+
+
+def policy_directory(policy: str) -> str:
+    """A ``save_pretrained`` directory for ``policy`` (module docstring): named models and
+    directories as they are, a training checkpoint's exported policy (``checkpoint_*/policy``)."""
+    from rllib_arpo.learner.checkpoint import POLICY_DIRECTORY
+    from rllib_arpo.models.cache import NAMED_MODELS, resolve_model_path
+
+    if policy in NAMED_MODELS:
+        return resolve_model_path(policy)
+    path = Path(policy).expanduser()
+    for candidate in (path, path / POLICY_DIRECTORY):
+        if (candidate / "config.json").is_file():
+            return str(candidate.resolve())
+    raise ValueError(
+        f"policy {policy!r}: neither a named model ({', '.join(NAMED_MODELS)}), a save_pretrained directory "
+        f"nor an rllib train checkpoint (a directory with {POLICY_DIRECTORY}/config.json)"
+    )
+
+
+def evaluate_benchmarks(
+    config,
+    specs: Sequence[dict],
+    *,
+    samples: int,
+    ks: Sequence[int],
+    temperature: float,
+    top_p: float,
+    limit: int | None,
+    seed: int,
+    output_dir: Path,
+    progress: bool = True,
+):
+    """Evaluate ``config.model_path`` with ``config``'s engine, tools, rollout and reward settings
+    on every benchmark of ``specs``; write the table and transcripts into ``output_dir`` and
+    return the table (a pandas DataFrame)."""
+    import rllib_arpo.tools  # noqa: F401  (registers the tools)
+    from rllib_arpo.data.datasets import load_dataset, tools_for_dataset
+    from rllib_arpo.rollout.env_runner import build_engine
+    from rllib_arpo.tools.base import ToolExecutor, build_tools
+
+    ks = sorted({k for k in ks if k > 1})
+    if ks and ks[-1] > samples:
+        raise ValueError(f"pass@{ks[-1]} needs at least {ks[-1]} samples per question (--samples)")
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "transcripts").mkdir(exist_ok=True)
+    start = time.perf_counter()
+    engine = build_engine(config)
+    engine_minutes = (time.perf_counter() - start) / 60
+    rollout_settings = from_config(RolloutSettings, config)
+    reward_settings = from_config(RewardSettings, config)
+    settings = {
+        "policy": config.model_path,
+        "engine": config.engine,
+        "engine_start_minutes": engine_minutes,
+        "samples": samples,
+        "temperature": temperature,
+        "top_p": top_p,
+        "limit": limit,
+        "seed": seed,
+        "tools": config.tools,
+        "max_tool_calls": rollout_settings.max_tool_calls,
+        "max_response_tokens": rollout_settings.max_response_tokens,
+        "max_tool_result_tokens": rollout_settings.max_tool_result_tokens,
+    }
+    rows = []
+    try:
+        for spec in specs:
+            name = benchmark_name(spec)
+            examples = load_dataset(spec)[:limit]
+            tools = ToolExecutor(
+                build_tools(tools_for_dataset(config.tools, spec)),
+                max_workers=config.tool_workers,
+                timeout_s=config.tool_timeout_s,
+            )
+            if progress:
+                print(f"{name}: {len(examples)} questions x {samples} samples", flush=True)
+            start = time.perf_counter()
+            with tools:
+                results = rollout_questions(
+                    engine,
+                    examples,
+                    tools,
+                    samples=samples,
+                    rollout_settings=rollout_settings,
+                    reward_settings=reward_settings,
+                    temperature=temperature,
+                    top_p=top_p,
+                    seed=seed,
+                    progress=progress,
+                )
+            minutes = (time.perf_counter() - start) / 60
+            metrics = summarize(results, tuple(config.tools), ks)
+            with open(output_dir / "transcripts" / f"{name}.jsonl", "w", encoding="utf-8") as file:
+                for result in results:
+                    file.write(json.dumps(result.transcript(), ensure_ascii=False) + "\n")
+            row = {"benchmark": name, "questions": len(results), "samples": samples, "pass@1": metrics["accuracy"]}
+            row.update({f"pass@{k}": metrics[f"pass@{k}"] for k in ks})
+            row["format_error_rate"] = metrics["format_error_rate"]
+            row["tool_calls"] = sum(metrics[f"tool_calls_per_question/{tool}"] for tool in config.tools)
+            row.update({f"{tool}_calls": metrics[f"tool_calls_per_question/{tool}"] for tool in config.tools})
+            row["response_tokens"] = metrics["response_tokens_mean"]
+            row["minutes"] = minutes
+            rows.append(row)
+            table = _write_table(rows, settings, output_dir)  # after every benchmark: nothing lost on a crash
+    finally:
+        if hasattr(engine, "close"):
+            engine.close()
+    return table
+
+
+def _write_table(rows: list[dict], settings: dict, output_dir: Path):
+    """``results.csv`` and ``results.json`` (the rows and the settings); returns the table."""
+    import pandas as pd
+
+    table = pd.DataFrame(rows)
+    table.to_csv(output_dir / "results.csv", index=False)
+    record = {"settings": settings, "results": table.to_dict(orient="records")}
+    (output_dir / "results.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+    return table

@@ -1,0 +1,363 @@
+"""An experiment file read and checked before Ray starts: paths, types, ranges, engine options.
+
+The file has the classic tuned-example schema::
+
+    experiment_name:
+      run: ARPO
+      stop: {training_iteration: 20}
+      config: {model_path: tiny, tau: {grid_search: [0.3, 0.5]}, ...}
+      checkpoint_config: {checkpoint_frequency: 10, checkpoint_at_end: true}
+
+``load_experiments`` reads it and:
+
+1. resolves relative paths (the values of keys named ``path`` or ending in ``_path`` or
+   ``_dir``, at any depth of ``config``, ``grid_search`` and ``choice`` values included):
+   against the file's own directory first, then the launch directory; the first place where the
+   path exists wins. A missing input is an error; a missing ``*_dir`` (a cache to create) is
+   placed in the launch directory. ``--config`` overrides from the command line resolve against the launch directory.
+   Named models (``model_path: tiny``) are left as they are. Tune runs trials in another working
+   directory, so every path a trial sees is absolute.
+2. checks every value of every trial the file describes (each search space's values once,
+   ``trial_configs``), with ``check_config``: types and ranges of ARPO's fields (``config_fields``) and of the RLlib
+   fields ARPO uses (``RLLIB_FIELDS``), the model directory, ``engine_options`` against the
+   chosen engine's constructor, the tools and their options, the datasets (loaded once), and
+   RLlib's own ``validate``.
+
+Every problem raises ``ConfigError`` with one line that names the key, e.g.
+``experiment 'arpo': tau: expected a number, got 'abc'``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import logging
+import math
+import re
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rllib_arpo.core.settings import check_type, from_config
+
+EXPERIMENT_KEYS = {"run", "stop", "config", "checkpoint_config", "storage_path", "num_samples", "scheduler"}
+SEARCH_SPACES = ("grid_search", "choice", "uniform", "loguniform", "randint")
+"""``{name: values}`` on a config field makes a Tune search space: ``grid_search: [a, b]`` (every
+value), ``choice: [a, b]``, ``uniform: [low, high]``, ``loguniform: [low, high]``,
+``randint: [low, high)`` (one draw per sample, ``num_samples`` samples)."""
+PATH_KEY = re.compile(r"(?:^|_)(?:path|dir)$")
+"""Config keys whose string values are file system paths: ``path``, ``model_path``,
+``corpus_path``, ``index_cache_dir``, ..."""
+
+RLLIB_FIELDS: dict[str, tuple[Any, float | None]] = {
+    "lr": (float, 0.0),
+    "grad_clip": (float | None, 0.0),
+    "grad_clip_by": (str, None),
+    "num_epochs": (int, 1),
+    "minibatch_size": (int | None, 1),
+    "num_env_runners": (int, 0),
+    "num_learners": (int, 0),
+    "num_gpus_per_learner": (float, 0.0),
+    "num_cpus_per_learner": (float | str, 0.0),
+    "num_gpus_per_env_runner": (float, 0.0),
+    "num_cpus_per_env_runner": (float, 0.0),
+    "num_cpus_for_main_process": (float, 0.0),
+    "seed": (int | None, 0),
+}
+"""RLlib's own fields that ARPO reads: (type, smallest value). ``lr`` and ``grad_clip`` must be
+above their minimum, the others at least it."""
+_STRICTLY_ABOVE = {"lr", "grad_clip"}
+ENGINE_ARGUMENTS = {"self", "model", "model_path", "tokenizer", "dtype"}
+"""Engine constructor arguments that come from other config fields, never from ``engine_options``."""
+
+
+def is_search_space(value: Any) -> bool:
+    return isinstance(value, dict) and len(value) == 1 and next(iter(value)) in SEARCH_SPACES
+
+
+class ConfigError(ValueError):
+    """A problem in an experiment file or its overrides, reported as one line without a traceback."""
+
+
+def load_experiments(
+    path: str, stop_override: dict | None = None, config_override: dict | None = None
+) -> dict[str, dict]:
+    """Read an experiment file, apply the ``--stop`` / ``--config`` overrides, resolve its paths
+    and check every trial's config (module docstring); return ``{name: experiment}``."""
+    from rllib_arpo.algorithm import TRAINABLES, ARPOConfig
+
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"experiment file {path} does not exist")
+    try:
+        experiments = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path} is not valid YAML: {' '.join(str(error).split())}") from None
+    if not isinstance(experiments, dict) or not experiments:
+        raise ConfigError(f"{path} must map an experiment name to {{run, stop, config}}")
+    known_fields = set(vars(ARPOConfig()))
+    file_bases = (file.resolve().parent, Path.cwd())
+    for name, experiment in experiments.items():
+        if not isinstance(experiment, dict):
+            raise ConfigError(f"experiment {name!r} must be a mapping")
+        unknown = set(experiment) - EXPERIMENT_KEYS
+        if unknown:
+            raise ConfigError(
+                f"experiment {name!r}: unknown key(s) {sorted(unknown)}; known: {sorted(EXPERIMENT_KEYS)}"
+            )
+        run = experiment.get("run")
+        if run not in TRAINABLES:
+            raise ConfigError(f"experiment {name!r}: unknown run: {run!r}; known: {sorted(TRAINABLES)}")
+        config = experiment.get("config") or {}
+        if not isinstance(config, dict):
+            raise ConfigError(f"experiment {name!r}: config must be a mapping")
+        try:
+            overrides = config_override or {}
+            config = {
+                **resolve_paths({k: v for k, v in config.items() if k not in overrides}, file_bases),
+                **resolve_paths(overrides, (Path.cwd(),)),
+            }
+            for key in config:
+                if key not in known_fields:
+                    close = difflib.get_close_matches(key, known_fields, n=3)
+                    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+                    raise ConfigError(f"unknown config key {key!r}{hint}")
+            for trial_config in trial_configs(config):
+                check_config(trial_config)
+        except ConfigError as error:
+            raise ConfigError(f"experiment {name!r}: {error}") from None
+        experiment["config"] = config
+        if stop_override:
+            experiment["stop"] = stop_override
+    return experiments
+
+
+# --- paths ------------------------------------------------------------------------------------
+def resolve_paths(values: Mapping[str, Any], bases: Sequence[Path], prefix: str = "") -> dict[str, Any]:
+    """``values`` with every relative path (module docstring) made absolute against ``bases``."""
+    from rllib_arpo.models.cache import NAMED_MODELS
+
+    resolved = {}
+    for key, value in values.items():
+        where = f"{prefix}{key}"
+        if is_search_space(value) and next(iter(value)) in ("grid_search", "choice"):
+            [(kind, choices)] = value.items()
+            if isinstance(choices, list):
+                choices = [resolve_paths({key: v}, bases, prefix)[key] for v in choices]
+            resolved[key] = {kind: choices}
+        elif isinstance(value, Mapping):
+            resolved[key] = resolve_paths(value, bases, f"{where}.")
+        elif isinstance(value, str) and PATH_KEY.search(key) and not (key == "model_path" and value in NAMED_MODELS):
+            resolved[key] = _resolve_path(where, value, bases, output=key.endswith("_dir"))
+        else:
+            resolved[key] = value
+    return resolved
+
+
+def _resolve_path(where: str, value: str, bases: Sequence[Path], output: bool) -> str:
+    path = Path(value).expanduser()
+    if path.is_absolute():
+        return str(path)
+    for base in bases:
+        if (base / path).exists():
+            return str((base / path).resolve())
+    if output:
+        return str((bases[-1] / path).resolve())
+    looked = " and ".join(str(base) for base in bases)
+    raise ConfigError(f"{where}: {value!r} not found (looked in {looked})")
+
+
+def trial_configs(config: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The configs to check for a file's config: each search space's values once (every
+    ``grid_search`` and ``choice`` value, both ends of a ``uniform``, ``loguniform`` or
+    ``randint`` range), the other keys at their first value (all combinations would be too many
+    to check)."""
+    spaces = {key: _values_to_check(key, value) for key, value in config.items() if is_search_space(value)}
+    first = {**config, **{key: values[0] for key, values in spaces.items()}}
+    return [first] + [{**first, key: value} for key, values in spaces.items() for value in values[1:]]
+
+
+def _values_to_check(key: str, space: Mapping[str, Any]) -> list[Any]:
+    [(kind, values)] = space.items()
+    if not isinstance(values, list) or not values:
+        raise ConfigError(f"{key}: {kind} needs a list of values, got {values!r}")
+    if kind in ("grid_search", "choice"):
+        return values
+    if len(values) != 2 or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        raise ConfigError(f"{key}: {kind} needs [low, high], got {values!r}")
+    low, high = values
+    if not low < high:
+        raise ConfigError(f"{key}: {kind} needs low < high, got {values!r}")
+    return [low, high - 1] if kind == "randint" else [low, high]  # randint's high is excluded
+
+
+def grid_size(config: Mapping[str, Any]) -> int:
+    """Number of trials Tune makes of one sample of ``config`` (the product of the grid sizes)."""
+    return math.prod(len(v["grid_search"]) for v in config.values() if _is_grid(v))
+
+
+def _is_grid(value: Any) -> bool:
+    return isinstance(value, Mapping) and set(value) == {"grid_search"}
+
+
+# --- values -----------------------------------------------------------------------------------
+def check_config(values: Mapping[str, Any]):
+    """An ``ARPOConfig`` from ``values`` (one trial, paths resolved) with every value checked
+    (module docstring); ``ConfigError`` names the first bad key."""
+    from rllib_arpo.algorithm import ARPOConfig
+    from rllib_arpo.config_fields import CONFIG_GROUPS
+
+    for key, (hint, minimum) in RLLIB_FIELDS.items():
+        if key in values:
+            _check_rllib_field(key, values[key], hint, minimum)
+    config = ARPOConfig().update_from_dict(dict(values))
+    for group in CONFIG_GROUPS.values():
+        try:
+            from_config(group, config)
+        except ValueError as error:
+            raise ConfigError(
+                _naming_a_key(str(error), [f.name for f in group.__dataclass_fields__.values()])
+            ) from None
+    check_model_path(config.model_path)
+    check_engine_options(config.engine, config.engine_options)
+    check_datasets_and_tools(config)
+    rllib_logger = logging.getLogger("ray.rllib.algorithms.algorithm_config")
+    level = rllib_logger.level
+    rllib_logger.setLevel(logging.ERROR)  # its "new API stack" notice is not a problem of the file
+    try:
+        config.validate()
+    except Exception as error:  # RLlib's own checks: ValueError, TypeError, ...
+        raise ConfigError(f"RLlib: {' '.join(str(error).split())}") from None
+    finally:
+        rllib_logger.setLevel(level)
+    return config
+
+
+def _check_rllib_field(key: str, value: Any, hint: Any, minimum: float | None) -> None:
+    if isinstance(value, str) and hint == float | str:
+        if value != "auto":
+            raise ConfigError(f"{key}: expected a number or 'auto', got {value!r}")
+        return
+    try:
+        check_type(key, value, hint)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    if value is None or minimum is None:
+        return
+    if value < minimum or (key in _STRICTLY_ABOVE and value == minimum):
+        relation = ">" if key in _STRICTLY_ABOVE else ">="
+        raise ConfigError(f"{key} must be {relation} {minimum:g}, got {value!r}")
+
+
+def _naming_a_key(message: str, keys: Sequence[str]) -> str:
+    """``message`` on one line, starting with the config key it is about (the first key it
+    mentions; prefixed when it does not start with it)."""
+    message = " ".join(message.split())
+    found = sorted((m.start(), key) for key in keys if (m := re.search(rf"(?<![\w.]){re.escape(key)}(?!\w)", message)))
+    if not found:
+        return message
+    key = found[0][1]
+    return message if message.startswith(key) else f"{key}: {message}"
+
+
+def check_model_path(model_path: str | None) -> None:
+    from rllib_arpo.models.cache import NAMED_MODELS
+
+    if not model_path:
+        raise ConfigError(f"model_path: name a save_pretrained directory or one of {', '.join(NAMED_MODELS)}")
+    if model_path not in NAMED_MODELS and not (Path(model_path) / "config.json").is_file():
+        raise ConfigError(
+            f"model_path: {model_path!r} holds no config.json (a save_pretrained directory), "
+            f"and it is not one of {', '.join(NAMED_MODELS)}"
+        )
+
+
+def engine_options_of(engine: str) -> tuple[dict[str, Any], frozenset[str]]:
+    """The options ``engine_options`` may hold for ``engine``: the constructor's own keyword
+    arguments with their types, and the names it passes on to the library underneath (vLLM's
+    ``EngineArgs`` fields) when it takes ``**kwargs``."""
+    from rllib_arpo.rollout.engine import ENGINES
+
+    engine_class = ENGINES.get(engine)()
+    parameters = inspect.signature(engine_class.__init__).parameters
+    hints = typing.get_type_hints(engine_class.__init__)
+    own = {name: hints.get(name, Any) for name in parameters if name not in ENGINE_ARGUMENTS}
+    own = {name: hint for name, hint in own.items() if parameters[name].kind is not inspect.Parameter.VAR_KEYWORD}
+    passed_on = frozenset()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        passed_on = frozenset(engine_class.passed_on_options()) - ENGINE_ARGUMENTS
+    return own, passed_on
+
+
+def check_engine_options(engine: str, options: Mapping[str, Any]) -> None:
+    """Every key of ``engine_options`` must be an option of ``engine`` (of the right type)."""
+    if not options:
+        return
+    own, passed_on = engine_options_of(engine)
+    for key, value in options.items():
+        if key in own:
+            try:
+                check_type(f"engine_options.{key}", value, own[key])
+            except ValueError as error:
+                raise ConfigError(str(error)) from None
+        elif key not in passed_on:
+            close = difflib.get_close_matches(key, [*own, *passed_on], n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigError(
+                f"engine_options.{key}: not an option of engine {engine!r} ({hint}its options: {', '.join(own)}"
+                + (", and vLLM's engine arguments" if passed_on else "")
+                + ")"
+            )
+
+
+def check_datasets_and_tools(config) -> None:
+    """The training and held-out datasets load, and every tool of ``tools`` exists and takes its
+    options, with a corpus to search for each dataset."""
+    import rllib_arpo.tools  # noqa: F401  (registers the tools)
+    from rllib_arpo.data.datasets import load_dataset, tools_for_dataset
+    from rllib_arpo.eval.evaluate import held_out_examples
+    from rllib_arpo.tools.base import TOOLS
+
+    datasets = {"dataset": config.dataset}
+    if config.held_out_interval or config.held_out_dataset is not None:
+        datasets["held_out_dataset"] = config.held_out_dataset or {**config.dataset, "split": "test"}
+    for key in datasets:
+        try:
+            held_out_examples(config) if key == "held_out_dataset" else load_dataset(config.dataset)
+        except (ValueError, TypeError, OSError) as error:
+            raise ConfigError(f"{key}: {' '.join(str(error).split())}") from None
+    for name, options in config.tools.items():
+        try:
+            tool_class = TOOLS.get(name)
+        except ValueError as error:
+            raise ConfigError(f"tools.{name}: {error}") from None
+        if not isinstance(options, Mapping | None):
+            raise ConfigError(f"tools.{name}: expected a mapping of options, got {options!r}")
+        _check_arguments(f"tools.{name}", tool_class, options or {})
+    for key, spec in datasets.items():
+        try:
+            tools_for_dataset(config.tools, spec)
+        except ValueError as error:
+            raise ConfigError(f"{error} (for {key})") from None
+
+
+def _check_arguments(where: str, function, options: Mapping[str, Any]) -> None:
+    """``options`` bind to ``function``'s keyword arguments, each of its annotated type."""
+    signature = inspect.signature(function)
+    try:
+        signature.bind(**options)
+    except TypeError as error:
+        raise ConfigError(f"{where}: {error}") from None
+    try:
+        hints = typing.get_type_hints(function.__init__ if inspect.isclass(function) else function)
+    except NameError:  # an annotation that cannot be evaluated here: names are checked, types not
+        return
+    for key, value in options.items():
+        if key in hints:
+            try:
+                check_type(f"{where}.{key}", value, hints[key])
+            except ValueError as error:
+                raise ConfigError(str(error)) from None

@@ -1,0 +1,164 @@
+"""Experiment files are checked before Ray starts: one line naming the key, paths resolved."""
+
+import json
+from pathlib import Path
+
+import pytest
+import ray
+from ray import tune
+
+from rllib_arpo.cli import main
+from rllib_arpo.experiment_file import ConfigError, load_experiments, resolve_paths, trial_configs
+
+TINY = "x:\n  run: ARPO\n  config:\n    model_path: tiny\n"
+
+
+@pytest.fixture(autouse=True)
+def ray_must_not_start(monkeypatch):
+    """Every check here must finish before Ray or Tune is touched."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("Ray was started before the config was checked")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    monkeypatch.setattr(tune, "Tuner", refuse)
+
+
+def write(directory: Path, text: str, name: str = "experiment.yaml") -> str:
+    path = directory / name
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ({"tau": "abc"}, "tau: expected a number, got 'abc'"),
+        ({"tau": 1.5}, r"tau must lie in [0, 1], got 1.5"),
+        ({"total_rollouts": "8"}, "total_rollouts: expected an integer, got '8'"),
+        ({"engine_options": {"gpu_memory_utilization": 0.5}}, "engine_options.gpu_memory_utilization: not an option"),
+        ({"engine_options": {"max_batch_size": "big"}}, "engine_options.max_batch_size: expected an integer"),
+        ({"lr": "fast"}, "lr: expected a number, got 'fast'"),
+        ({"lr": 0}, "lr must be > 0, got 0"),
+        ({"num_env_runners": -1}, "num_env_runners must be >= 0, got -1"),
+        ({"engine": "sglang"}, "engine: unknown generation engine 'sglang'"),
+        ({"dataset": {"type": "parquet", "path": "/no/such.parquet"}}, "dataset: dataset file /no/such.parquet"),
+        ({"tools": {"python": {"timeout_s": "5"}}}, "tools.python.timeout_s: expected a number, got '5'"),
+        ({"tools": {"calculator": {}}}, "tools.calculator: unknown tool 'calculator'"),
+        ({"tools": {"search": {"top_k": 2, "colour": "red"}}}, "tools.search: got an unexpected keyword argument"),
+        ({"model_path": "/no/model"}, "model_path: '/no/model' holds no config.json"),
+        ({"tau": {"grid_search": [0.3, "x"]}}, "tau: expected a number, got 'x'"),
+        ({"tau": {"uniform": [0.3, 1.5]}}, r"tau must lie in [0, 1], got 1.5"),
+        ({"beta": {"choice": [0.1, "y"]}}, "beta: expected a number, got 'y'"),
+        ({"initial_rollouts": {"randint": [2, 2]}}, r"initial_rollouts: randint needs low < high, got [2, 2]"),
+        ({"totl_rollouts": 4}, "unknown config key 'totl_rollouts' (did you mean total_rollouts"),
+    ],
+)
+def test_each_config_error_is_one_line_naming_the_key(tmp_path, capsys, override, message):
+    path = write(tmp_path, TINY)
+    code = main(["train", "file", path, "--config", json.dumps(override)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith(f"rllib: error: {path}: experiment 'x': ")
+    assert message in err
+
+
+def test_the_error_names_the_key_from_the_file_too(tmp_path, capsys):
+    path = write(tmp_path, TINY + "    engine: hf\n    engine_options: {gpu_memory_utilization: 0.2}\n")
+    assert main(["train", "file", path, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "engine_options.gpu_memory_utilization: not an option of engine 'hf'" in err
+    assert "its options: device, max_batch_size, reuse_prefixes" in err
+
+
+def test_relative_paths_resolve_against_the_file_then_the_launch_directory(tmp_path, monkeypatch):
+    config_dir, launch_dir = tmp_path / "configs", tmp_path / "launch"
+    (config_dir / "data").mkdir(parents=True)
+    (launch_dir / "corpora").mkdir(parents=True)
+    (launch_dir / "data").mkdir(parents=True)
+    (launch_dir / "data" / "q.jsonl").write_text('{"question": "other", "answer": "b"}\n')  # found second
+    (config_dir / "data" / "q.jsonl").write_text('{"question": "q", "answer": "a"}\n')
+    (launch_dir / "corpora" / "c.jsonl").write_text('{"text": "a"}\n')
+    monkeypatch.chdir(launch_dir)
+    values = {
+        "model_path": "tiny",
+        "dataset": {"type": "jsonl", "path": "data/q.jsonl"},
+        "tools": {"search": {"corpus_path": "corpora/c.jsonl", "index_cache_dir": "bm25_cache"}},
+        "tau": {"grid_search": [0.3, 0.5]},
+    }
+    resolved = resolve_paths(values, (config_dir, launch_dir))
+    assert resolved["model_path"] == "tiny"  # a named model, not a path
+    assert resolved["dataset"]["path"] == str(config_dir / "data" / "q.jsonl")  # the file's directory first
+    assert resolved["tools"]["search"]["corpus_path"] == str(launch_dir / "corpora" / "c.jsonl")  # then launch
+    assert resolved["tools"]["search"]["index_cache_dir"] == str(launch_dir / "bm25_cache")  # a cache to create
+    assert resolved["tau"] == {"grid_search": [0.3, 0.5]}
+    with pytest.raises(ConfigError, match=r"dataset.path: 'data/none.jsonl' not found \(looked in .*configs and"):
+        resolve_paths({"dataset": {"path": "data/none.jsonl"}}, (config_dir, launch_dir))
+
+    dataset = "    dataset: {type: jsonl, path: data/q.jsonl}\n"
+    path = write(config_dir, TINY + dataset + "    tools: {search: {corpus_path: corpora/c.jsonl}}\n")
+    # launched from another directory: the file's own directory finds the data, the launch one the corpus
+    [experiment] = load_experiments(path).values()
+    assert experiment["config"]["dataset"]["path"] == str(config_dir / "data" / "q.jsonl")
+    assert experiment["config"]["tools"]["search"]["corpus_path"] == str(launch_dir / "corpora" / "c.jsonl")
+
+
+def test_every_grid_value_is_checked_once():
+    variants = trial_configs({"tau": {"grid_search": [0.3, 0.5]}, "beta": {"grid_search": [0.1, 0.2]}, "lr": 1.0})
+    assert [(v["tau"], v["beta"]) for v in variants] == [(0.3, 0.1), (0.5, 0.1), (0.3, 0.2)]
+
+
+def test_a_dry_run_section_is_one_decorated_function(monkeypatch):
+    from rllib_arpo import dry_run
+
+    assert [title for title, _ in dry_run.DRY_RUN_SECTIONS] == ["experiment", "resources", "learner memory", "prompts"]
+    monkeypatch.setattr(dry_run, "DRY_RUN_SECTIONS", [])
+
+    @dry_run.dry_run_section("learner memory estimate")
+    def memory(planned):
+        return f"{planned.trials} trial: 1.6 GB"
+
+    report = dry_run.dry_run_report(dry_run.PlannedExperiment("x", {}, None, 1))
+    assert (
+        report
+        == "=== experiment 'x': dry run (nothing started) ===\n\n== learner memory estimate ==\n1 trial: 1.6 GB\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "packing, micro_batch, rows_per_forward, forward_tokens",
+    [
+        ("padded", "micro_batch_size 2", 2, 128),
+        ("tree", "packing tree, micro_batch_tokens 96", 1, 128),  # a row longer than the budget
+        ("packed", "packing packed, micro_batch_tokens 512", 1, 512),
+    ],
+)
+def test_the_dry_runs_learner_memory_is_the_estimate_for_prompt_budget_plus_response(
+    tmp_path, packing, micro_batch, rows_per_forward, forward_tokens
+):
+    from transformers import LlamaConfig
+
+    from rllib_arpo.algorithm import ARPOConfig
+    from rllib_arpo.dry_run import PlannedExperiment, learner_memory_section
+    from rllib_arpo.learner.memory import ModelShape, estimate_learner_memory
+
+    LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=1000
+    ).save_pretrained(tmp_path)
+    budget = {"padded": 4096, "tree": 96, "packed": 512}[packing]
+    settings = {"model_path": str(tmp_path), "max_prompt_tokens": 100, "max_response_tokens": 28,
+                "micro_batch_size": 2, "num_learners": 2, "num_gpus_per_learner": 1, "dtype": "bfloat16",
+                "packing": packing, "micro_batch_tokens": budget}  # fmt: skip
+    config = ARPOConfig().update_from_dict(settings)
+    text = learner_memory_section(PlannedExperiment("x", {}, config, 1))
+    expected = estimate_learner_memory(
+        ModelShape.from_pretrained(str(tmp_path)),
+        dtype="bfloat16",
+        num_learners=2,
+        micro_batch_size=rows_per_forward,
+        sequence_length=forward_tokens,
+    )
+    assert text == (
+        f"one learner, per GPU: 2 x torch learner, dtype bfloat16, {micro_batch}, rows of 128 tokens "
+        "(100, max_prompt_tokens, + 28, max_response_tokens):\n" + expected.table()
+    )
