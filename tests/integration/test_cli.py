@@ -98,7 +98,8 @@ def test_dry_run_of_the_paper_config_checks_all_and_prints_resources_and_prompts
     assert sections == ["== experiment ==", "== resources ==", "== learner memory ==", "== prompts =="]
     # 1 CPU for the algorithm, 2 EnvRunners with 1 CPU and 1 GPU each, 2 learners with 1 GPU each
     assert "one trial asks Ray for 3 CPU, 4 GPU (placement group, strategy PACK)" in out
-    assert "one learner, per GPU: 2 x torch learner, dtype bfloat16, micro_batch_size 2, rows of " in out
+    layout = "2 x torch learner, dtype bfloat16, packing tree, micro_batch_tokens 4096"
+    assert f"one learner, per GPU: {layout}, rows of " in out
     assert "GiB per GPU" in out
     data = arpo_data.resolve()
     assert f'dataset: {{"type": "parquet", "path": "{data}/rl_datasets/train_10k.parquet"}}' in out
