@@ -32,7 +32,6 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -51,16 +50,27 @@ FIGURES = (
 )
 
 
-def run_once(config_file: str, seed: int, storage: Path, overrides: dict, final_evals: int) -> dict:
-    """The figures of one run of ``config_file`` with ``seed``."""
+TIMED_RUN = (
+    "import subprocess, sys, time; start = time.perf_counter(); code = subprocess.run(sys.argv[2:]).returncode; "
+    "open(sys.argv[1], 'w').write(str(time.perf_counter() - start)); sys.exit(code)"
+)
+"""``python -c TIMED_RUN SECONDS_FILE COMMAND...``: runs COMMAND and writes its wall time in seconds."""
+
+
+def run_once(
+    config_file: str, seed: int, storage: Path, overrides: dict, final_evals: int, lock: str | None = None
+) -> dict:
+    """The figures of one run of ``config_file`` with ``seed``, under ``flock lock`` if given (the
+    wall time is taken inside the lock: waiting for it does not count)."""
     name = Path(config_file).stem
     run_storage = storage / f"{name}_seed{seed}"
+    timing = storage / f"{name}_seed{seed}.seconds"
     command = [sys.executable, "-m", "rllib_arpo.cli", "train", "file", config_file]
     command += ["--config", json.dumps({**overrides, "seed": seed}), "--storage-path", str(run_storage)]
-    start = time.perf_counter()
+    timed = [sys.executable, "-c", TIMED_RUN, str(timing), *command]
     with open(storage / f"{name}_seed{seed}.log", "w") as log:
-        subprocess.run(command, check=True, stdout=log, stderr=subprocess.STDOUT)
-    minutes = (time.perf_counter() - start) / 60
+        subprocess.run((["flock", lock] if lock else []) + timed, check=True, stdout=log, stderr=subprocess.STDOUT)
+    minutes = float(timing.read_text()) / 60
     (result_file,) = run_storage.glob("*/*/result.json")
     results = read_results(result_file.parent)
     points = evaluations(results)
@@ -161,6 +171,7 @@ def main() -> None:
     parser.add_argument("--results", default="compare_algorithms.jsonl", help="JSON lines, one per run (resumable)")
     parser.add_argument("--storage-path", help="where the runs write their results (default: a temporary directory)")
     parser.add_argument("--out", help="write PREFIX.md and PREFIX.png")
+    parser.add_argument("--lock", help="run each training under `flock LOCK` (a machine shared by several users)")
     args = parser.parse_args()
     storage = Path(args.storage_path or tempfile.mkdtemp(prefix="compare_algorithms_"))
     storage.mkdir(parents=True, exist_ok=True)
@@ -171,7 +182,7 @@ def main() -> None:
         for config_file in args.config_files:
             if (Path(config_file).stem, seed) in done:
                 continue
-            run = run_once(config_file, seed, storage, args.config, args.final_evals)
+            run = run_once(config_file, seed, storage, args.config, args.final_evals, args.lock)
             runs.append(run)
             with results.open("a") as file:
                 file.write(json.dumps(run) + "\n")
