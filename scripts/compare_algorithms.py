@@ -151,7 +151,8 @@ def plot(runs: list[dict], path: Path) -> None:
         for x, config in enumerate(configs):
             values = [r[key] for r in runs if r["config"] == config]
             mean, half = interval(values)
-            axis.scatter(np.full(len(values), x) + np.linspace(-0.15, 0.15, len(values)), values, s=12, alpha=0.6)
+            jitter = np.linspace(-0.15, 0.15, len(values)) if len(values) > 1 else np.zeros(1)
+            axis.scatter(x + jitter, values, s=12, alpha=0.6)
             axis.errorbar(x, mean, yerr=half, fmt="_k", markersize=18, capsize=4)
         axis.set_xticks(range(len(configs)), [c.removesuffix("_tiny") for c in configs], rotation=45, ha="right")
         axis.set_title(label, fontsize=10)
