@@ -10,15 +10,17 @@
 Checkpoints add what an exact resume needs (learner.checkpoint); each iteration's key metrics
 also go to the Ray dashboard (metrics_export).
 
-The baselines (GRPO, DAPO, Dr.GRPO, REINFORCE++, LOOP, GPPO, CISPO, AEPO) are the same
-algorithm with another advantage estimator, policy loss, branching rule or budget; see
-``tuned_examples/``.
+The family (AEPO, GRPO, DAPO, REINFORCE++, LOOP, DrGRPO, GPPO, CISPO) is the same algorithm with
+another advantage estimator, policy loss, branching rule or budget: ``family.FAMILY`` lists each
+one's defaults, and ``TRAINABLES`` below turns each into a subclass of ``ARPO`` registered with
+Ray Tune under its name (``run: GRPO``, ``tune.Tuner("GRPO")``); see ``tuned_examples/``.
 """
 
 from __future__ import annotations
 
 import time
 import traceback
+from collections import Counter
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,9 @@ from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, LEARNER_RESULTS
 from rllib_arpo.config_fields import CONFIG_GROUPS
 from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
 from rllib_arpo.core.settings import default_of, from_config
+from rllib_arpo.core.tree import SegmentKind
 from rllib_arpo.eval.evaluate import evaluate_env_runner
+from rllib_arpo.family import FAMILY
 from rllib_arpo.learner.checkpoint import POLICY_DIRECTORY, export_policy
 from rllib_arpo.learner.group import policy_weights, update_learners
 from rllib_arpo.learner.packing import pad_rows
@@ -199,14 +203,47 @@ class ARPOConfig(AlgorithmConfig):
                     "dtype float16 with master_weights needs loss scaling: use bfloat16, or learner_backend: "
                     "deepspeed (dynamic loss scaling)"
                 )
+            if self.reward_kl_coef > 0 and self.advantage_estimator != "reinforce_pp":
+                raise ValueError(
+                    f"reward_kl_coef folds the KL into reinforce_pp's returns; advantage_estimator is "
+                    f"{self.advantage_estimator!r} (use kl_coef for a KL loss term)"
+                )
         except ValueError as error:
             raise ValueError(f"ARPOConfig: {error}") from None
 
 
+def fill_batch(sample, target: int, keep_informative: bool, max_rounds: int) -> tuple[list[tuple], int, int]:
+    """The prompt groups of one iteration: ``(tree, rewards, token_kl, pad_token_id)`` per prompt.
+
+    ``sample()`` returns the ``RolloutBatch`` of every EnvRunner. Without ``keep_informative``
+    one round is taken as it is. With it (DAPO's dynamic sampling, arXiv 2503.14476, Sec. 3.2)
+    a group whose trajectories all got the same reward (zero advantage everywhere) is dropped,
+    and sampling goes on until ``target`` groups are kept or ``max_rounds`` rounds have run;
+    the batch is cut to ``target`` groups. Returns (groups, rounds, groups sampled).
+    """
+    groups, rounds, sampled = [], 0, 0
+    while rounds < max_rounds and (rounds == 0 or len(groups) < target):
+        rounds += 1
+        for batch in sample():
+            token_kl = batch.token_kl or [None] * len(batch.trees)
+            for tree, rewards, kl in zip(batch.trees, batch.rewards, token_kl):
+                sampled += 1
+                if not keep_informative or np.ptp(rewards) > 0:
+                    groups.append((tree, rewards, kl, batch.pad_token_id))
+    return (groups[:target] if keep_informative else groups), rounds, sampled
+
+
 class ARPO(Algorithm):
+    """ARPO, and through ``family_defaults`` every member of the family (``TRAINABLES``)."""
+
+    family_defaults: dict[str, Any] = FAMILY["ARPO"].defaults
+
     @classmethod
     def get_default_config(cls) -> ARPOConfig:
-        return ARPOConfig(cls)
+        config = ARPOConfig(cls)
+        for key, value in cls.family_defaults.items():
+            setattr(config, key, value)
+        return config
 
     def setup(self, config: ARPOConfig | dict) -> None:
         """Resolve ``model_path`` (``tiny`` builds the embedded policy once, here in the driver)
@@ -229,6 +266,7 @@ class ARPO(Algorithm):
         self.data_positions: dict[int, DataPosition] = {}
         self.ray_metrics: RayMetricsExporter | None = None
         self.weight_layout = None  # weight_sync: broadcast: the group's WeightLayout once it is open
+        self.sampled = Counter()
 
     def step(self) -> dict:
         """One iteration (RLlib's ``Algorithm.step``), its key metrics then set as Ray metrics."""
@@ -242,26 +280,28 @@ class ARPO(Algorithm):
         cfg = self.config
         if cfg.held_out_interval and self.iteration == 0:
             self.evaluate_held_out(after_iteration=0)
-        # 1. sample trajectory trees with rewards on every EnvRunner
-        batches = self.sample_rollouts()
-        runner_metrics = self.env_runner_group.foreach_env_runner(
-            lambda runner: runner.get_metrics(), local_env_runner=cfg.num_env_runners == 0
-        )
-        self.metrics.aggregate(runner_metrics, key=ENV_RUNNER_RESULTS)
-        self.data_positions.update({batch.runner_index: batch.position for batch in batches})
-        trees = [tree for batch in batches for tree in batch.trees]
-        rewards = [reward for batch in batches for reward in batch.rewards]
-
-        # 2. advantages (tree-aware), after DAPO's dynamic sampling if on
+        # 1. sample trajectory trees with rewards on every EnvRunner (more rounds with DAPO's
+        #    dynamic sampling, until the batch holds prompts_per_env_runner groups per runner)
+        target = cfg.prompts_per_env_runner * max(cfg.num_env_runners, 1)
+        max_rounds = cfg.dynamic_sampling_max_rounds if cfg.dynamic_sampling else 1
+        self.sampled = Counter()
+        groups, rounds, sampled = fill_batch(self.sample_trees, target, cfg.dynamic_sampling, max_rounds)
+        for key, value in self.sampled.items():
+            self.metrics.log_value(("sampled", key), value, window=1)
         if cfg.dynamic_sampling:
-            kept = [i for i, r in enumerate(rewards) if np.ptp(r) > 0]
-            self.metrics.log_value("dynamic_sampling_kept_fraction", len(kept) / len(trees), window=1)
-            trees, rewards = [trees[i] for i in kept], [rewards[i] for i in kept]
-        if not trees:
+            self.metrics.log_value("dynamic_sampling_rounds", rounds, window=1)
+            self.metrics.log_value("dynamic_sampling_kept_fraction", len(groups) / sampled, window=1)
+        if not groups:
             return
+        trees, rewards, token_kl, pad_token_ids = (list(column) for column in zip(*groups))
+        pad_token_id = pad_token_ids[0]
+
+        # 2. advantages (tree-aware)
         options = ADVANTAGE_ESTIMATORS.get(cfg.advantage_estimator).options_from(cfg)
+        if cfg.reward_kl_coef > 0:
+            options["token_kl"] = [kl for tree_kl in token_kl for kl in tree_kl]
         attributed = compute_advantages(cfg.advantage_estimator, trees, rewards, **options)
-        train_batch = pad_rows(attributed.rows, attributed.advantages, batches[0].pad_token_id)
+        train_batch = pad_rows(attributed.rows, attributed.advantages, pad_token_id)
         num_tokens = int(train_batch["loss_mask"].sum())
 
         # 3. learner update (one learner, or DDP / DeepSpeed shards with the global token mean)
@@ -278,6 +318,23 @@ class ARPO(Algorithm):
         self.metrics.log_value("trained_tokens", num_tokens, window=1)
         if cfg.held_out_interval and (self.iteration + 1) % cfg.held_out_interval == 0:
             self.evaluate_held_out(after_iteration=self.iteration + 1)
+
+    def sample_trees(self) -> list[RolloutBatch]:
+        """One ``RolloutBatch`` from every EnvRunner; their metrics go to ``env_runners/``, and the
+        prompts, generated tokens and executed tool calls of every round of the iteration (DAPO
+        may sample several) add up in ``self.sampled`` (logged as ``sampled/``)."""
+        batches = self.sample_rollouts()
+        runner_metrics = self.env_runner_group.foreach_env_runner(
+            lambda runner: runner.get_metrics(), local_env_runner=self.config.num_env_runners == 0
+        )
+        self.metrics.aggregate(runner_metrics, key=ENV_RUNNER_RESULTS)
+        self.data_positions.update({batch.runner_index: batch.position for batch in batches})
+        for tree in (tree for batch in batches for tree in batch.trees):
+            self.sampled["prompts"] += 1
+            self.sampled["trajectories"] += tree.num_trajectories
+            self.sampled["generated_tokens"] += tree.num_generated_tokens()
+            self.sampled["tool_calls"] += sum(segment.kind is SegmentKind.TOOL for segment in tree.segments)
+        return batches
 
     def sample_rollouts(self) -> list[RolloutBatch]:
         """One ``sample()`` on every EnvRunner.
@@ -401,6 +458,35 @@ class ARPO(Algorithm):
             broadcast(self.learner_group, self.env_runner_group, self.weight_layout, version)
 
 
-TRAINABLES: dict[str, type[Algorithm]] = {"ARPO": ARPO}
-for _name, _trainable in TRAINABLES.items():
-    tune.register_trainable(_name, _trainable)
+def _family_trainable(name: str) -> type[ARPO]:
+    """``ARPO`` itself, or a subclass named ``name`` with the member's defaults, defined in this
+    module (so Ray pickles it by reference)."""
+    if name == "ARPO":
+        return ARPO
+    member = FAMILY[name]
+    class_name = name.replace("+", "P")  # REINFORCE++ -> REINFORCEPP, a Python identifier
+    trainable = type(
+        class_name,
+        (ARPO,),
+        {
+            "__module__": __name__,
+            "__qualname__": class_name,
+            "__doc__": f"{name} ({member.paper}): {member.mechanism}.",
+            "family_defaults": member.defaults,
+        },
+    )
+    globals()[class_name] = trainable
+    return trainable
+
+
+TRAINABLES: dict[str, type[ARPO]] = {name: _family_trainable(name) for name in FAMILY}
+"""Tune trainable name -> class, one per ``family.FAMILY`` member."""
+
+
+def register_trainables() -> None:
+    """Register every ``TRAINABLES`` entry with Ray Tune under its name."""
+    for name, trainable in TRAINABLES.items():
+        tune.register_trainable(name, trainable)
+
+
+register_trainables()

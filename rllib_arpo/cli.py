@@ -72,7 +72,7 @@ def dry_run(path: str, stop: dict | None = None, config: dict | None = None) -> 
 
     for name, experiment in load_experiments(path, stop, config).items():
         _scheduler(experiment.get("scheduler"), name)
-        first_trial = check_config(trial_configs(experiment["config"])[0])
+        first_trial = check_config(trial_configs(experiment["config"])[0], experiment["run"])
         trials = grid_size(experiment["config"]) * experiment.get("num_samples", 1)
         print(dry_run_report(PlannedExperiment(name, experiment, first_trial, trials)), end="")
     return 0
@@ -169,14 +169,14 @@ def evaluate(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise ConfigError(str(error)) from None
     overrides = {**(args.config or {}), "model_path": model_path}
-    values = resolve_paths(overrides, (Path.cwd(),))
+    values, run = resolve_paths(overrides, (Path.cwd(),)), "ARPO"
     if args.experiment:
         experiments = load_experiments(args.experiment, config_override=overrides)
         name = args.experiment_name or next(iter(experiments))
         if name not in experiments:
             raise ConfigError(f"{args.experiment}: no experiment {name!r}; it has {sorted(experiments)}")
-        values = trial_configs(experiments[name]["config"])[0]
-    config = check_config(values)
+        values, run = trial_configs(experiments[name]["config"])[0], experiments[name]["run"]
+    config = check_config(values, run)
     table = evaluate_benchmarks(
         config,
         specs,

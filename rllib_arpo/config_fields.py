@@ -128,8 +128,14 @@ class LearningSettings:
         "arpo_soft",
         "`arpo_soft`, `arpo_hard`, `grpo`, `dr_grpo`, `rloo`/`loop`, `reinforce_pp`, `aepo` (`core.advantages`).",
     )
-    entropy_advantage_coef: float = setting(0.2, "[gamma] AEPO's entropy-aware advantage A * (1 + gamma * sg(z_H)).")
-    policy_loss: str = setting("ppo_clip", "`ppo_clip`, `sg_clip` (GPPO / AEPO), `cispo` (`core.losses`).")
+    entropy_advantage_coef: float = setting(
+        0.2, "[a] AEPO's entropy-aware advantage A^Acc * (1 + a * sg(A^dH)), A^dH the standardised token entropy."
+    )
+    entropy_advantage_base: str = setting("grpo", "AEPO's entropy-aware advantage: the estimator giving A^Acc.")
+    policy_loss: str = setting(
+        "ppo_clip",
+        "`ppo_clip`, `sg_clip`/`gppo` (stop-gradient at both bounds), `aepo_clip` (at the upper bound), `cispo`.",
+    )
     clip_eps_low: float = setting(0.2, "Lower clip: ratio >= 1 - eps_low.")
     clip_eps_high: float = setting(0.2, "Upper clip: ratio <= 1 + eps_high (DAPO's clip-higher: 0.28).")
     dual_clip: float | None = setting(None, "Dual-clip constant c > 1 for negative advantages; null: off.")
@@ -139,9 +145,17 @@ class LearningSettings:
     token_sum_norm: float | None = setting(
         None, "`seq-mean-token-sum`'s constant divisor (Dr.GRPO: the longest response); null: 1."
     )
-    kl_coef: float = setting(0.0, "Weight of the KL penalty to the initial policy; 0: no reference model.")
+    kl_coef: float = setting(0.0, "Weight of the KL loss term to the initial policy; 0: no reference model.")
+    reward_kl_coef: float = setting(
+        0.0, "REINFORCE++: weight of the KL to the initial policy folded into the reward (`reinforce_pp` only)."
+    )
     kl_kind: str = setting("k3", "KL estimator: `k1`, `k2`, `k3`.")
-    dynamic_sampling: bool = setting(False, "DAPO: drop prompts whose trajectories all got the same reward.")
+    dynamic_sampling: bool = setting(
+        False, "DAPO: drop prompts whose trajectories all got the same reward and sample more until the batch is full."
+    )
+    dynamic_sampling_max_rounds: int = setting(
+        4, "DAPO's dynamic sampling: at most this many sampling rounds per iteration (then train on what there is)."
+    )
     micro_batch_size: int = setting(8, "Rows per forward/backward pass; gradients accumulate over the batch.")
     max_consecutive_nonfinite_steps: int = setting(
         3, "Updates whose loss or gradients are NaN/inf are skipped and counted; this many in a row stop the run."
@@ -150,6 +164,7 @@ class LearningSettings:
 
     def __post_init__(self) -> None:
         _registered("advantage_estimator", ADVANTAGE_ESTIMATORS, self.advantage_estimator)
+        _registered("entropy_advantage_base", ADVANTAGE_ESTIMATORS, self.entropy_advantage_base)
         _registered("policy_loss", POLICY_LOSSES, self.policy_loss)
         aggregation = _registered("loss_agg_mode", LOSS_AGGREGATIONS, self.loss_agg_mode)
         if self.token_sum_norm is not None and not aggregation.takes_token_sum_norm:
@@ -168,6 +183,8 @@ class LearningSettings:
                 "micro_batch_size": (self.micro_batch_size, 1),
                 "kl_coef": (self.kl_coef, 0.0),
                 "max_consecutive_nonfinite_steps": (self.max_consecutive_nonfinite_steps, 1),
+                "reward_kl_coef": (self.reward_kl_coef, 0.0),
+                "dynamic_sampling_max_rounds": (self.dynamic_sampling_max_rounds, 1),
             }
         )
 

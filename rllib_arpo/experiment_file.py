@@ -126,7 +126,7 @@ def load_experiments(
                     hint = f" (did you mean {', '.join(close)}?)" if close else ""
                     raise ConfigError(f"unknown config key {key!r}{hint}")
             for trial_config in trial_configs(config):
-                check_config(trial_config)
+                check_config(trial_config, run)
         except ConfigError as error:
             raise ConfigError(f"experiment {name!r}: {error}") from None
         experiment["config"] = config
@@ -204,16 +204,17 @@ def _is_grid(value: Any) -> bool:
 
 
 # --- values -----------------------------------------------------------------------------------
-def check_config(values: Mapping[str, Any]):
-    """An ``ARPOConfig`` from ``values`` (one trial, paths resolved) with every value checked
-    (module docstring); ``ConfigError`` names the first bad key."""
-    from rllib_arpo.algorithm import ARPOConfig
+def check_config(values: Mapping[str, Any], run: str = "ARPO"):
+    """An ``ARPOConfig`` of the trainable ``run`` (its family defaults) updated from ``values``
+    (one trial, paths resolved) with every value checked (module docstring); ``ConfigError``
+    names the first bad key."""
+    from rllib_arpo.algorithm import TRAINABLES
     from rllib_arpo.config_fields import CONFIG_GROUPS
 
     for key, (hint, minimum) in RLLIB_FIELDS.items():
         if key in values:
             _check_rllib_field(key, values[key], hint, minimum)
-    config = ARPOConfig().update_from_dict(dict(values))
+    config = TRAINABLES[run].get_default_config().update_from_dict(dict(values))
     for group in CONFIG_GROUPS.values():
         try:
             from_config(group, config)

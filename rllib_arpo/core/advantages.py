@@ -20,10 +20,11 @@ Trajectory-level estimators (one scalar A_i per trajectory i of a prompt's group
 - ``dr_grpo``:     A_i = r_i - mean_G r                              (Dr.GRPO: no std)
 - ``rloo``/``loop``: A_i = r_i - mean_{j in G, j != i} r_j = M/(M-1) * (r_i - mean_G r)
                    (leave-one-out baseline, no std; LOOP, arXiv 2502.01600)
-- ``reinforce_pp``: REINFORCE++: every token t of trajectory i gets the return
-                   G_t = r_i - kl_coef * sum_{s >= t} kl_s (KL to the reference policy folded into
-                   the reward, when per-token KL is given), then all trained tokens of the whole
-                   batch are whitened together: A_t = (G_t - mean_batch G) / (std_batch G + eps).
+- ``reinforce_pp``: REINFORCE++ (arXiv 2501.03262): every token t of trajectory i gets the
+                   return G_t = r_i - reward_kl_coef * sum_{s >= t} kl_s (the KL to the initial
+                   policy folded into the reward; kl_s = log pi_old - log pi_ref of token s, which
+                   the EnvRunner measures when ``reward_kl_coef`` > 0), then all trained tokens of
+                   the whole batch are whitened together: A_t = (G_t - mean_batch G) / (std_batch G + eps).
 
 Tree-aware estimators (ARPO, arXiv 2507.19849 Sec. 3.3):
 
@@ -32,11 +33,12 @@ Tree-aware estimators (ARPO, arXiv 2507.19849 Sec. 3.3):
 - ``arpo_hard``: a token generated only by trajectory i gets A_i; a token of a span shared by the
   set D of trajectories gets mean_{i in D} A_i and is trained once (``dedupe_rows`` is True: the
   learner must use ``tree.to_rows(dedupe=True)``). The reference code only ships the soft form.
-- ``aepo``: AEPO's entropy-aware advantage (arXiv 2510.14545): A'_t = A_t * (1 + gamma * sg(z_t))
-  with gamma = ``entropy_advantage_coef``, z_t the token entropy standardised over the batch's
-  trained tokens, z_t = (H_t - mean H) / (std H + eps), and A_t from a base estimator (``grpo``
-  by default).
-  The reference code only applies it when an entropy bonus is also on; here it stands alone.
+- ``aepo``: AEPO's entropy-aware advantage (arXiv 2510.14545, Sec. "Entropy-Balanced Policy
+  Optimization", part "Entropy-aware Advantage Estimation"): A'_t = A^Acc_t * (1 + a * A^dH_t),
+  a = ``entropy_advantage_coef``, A^Acc from a base estimator (``entropy_advantage_base``, GRPO
+  in the paper) and A^dH_t = (H_t - mean H) / std H, the token's entropy standardised (see
+  ``aepo``). The reference code only applies it when an entropy bonus is also on; here it
+  stands alone.
 
 Degenerate groups (a single trajectory, or all rewards equal) give exactly zero advantages.
 NaN or infinite rewards are rejected with a ValueError.
@@ -171,13 +173,16 @@ def reinforce_pp(
     rows,
     *,
     token_kl: Sequence[np.ndarray] | None = None,
-    kl_coef: float = 0.0,
+    reward_kl_coef: float = 0.0,
     eps: float = 1e-6,
 ) -> TokenAdvantages:
-    """REINFORCE++ with the KL-to-reference folded into the per-token return (see module doc)."""
+    """REINFORCE++ with the KL-to-reference folded into the per-token return (see module doc).
+    ``token_kl`` holds one array per full row, aligned with its response tokens."""
     returns = broadcast_trajectory_advantages(trees, rewards)
-    if token_kl is not None and kl_coef:
-        returns = [g - kl_coef * np.cumsum(kl[::-1])[::-1] for g, kl in zip(returns, token_kl)]
+    if reward_kl_coef:
+        if token_kl is None:
+            raise ValueError("reinforce_pp with reward_kl_coef > 0 needs token_kl (the EnvRunner measures it)")
+        returns = [g - reward_kl_coef * np.cumsum(kl[::-1])[::-1] for g, kl in zip(returns, token_kl)]
     return _whiten(returns, [row.loss_mask for row in batch_rows(rows)], eps)
 
 
@@ -204,13 +209,35 @@ def arpo_hard(trees, rewards, rows, *, eps: float = 1e-6) -> TokenAdvantages:
 
 @ADVANTAGE_ESTIMATORS.register("aepo")
 def aepo(
-    trees, rewards, rows, *, base: str = "grpo", entropy_advantage_coef: float = 0.2, eps: float = 1e-6
+    trees,
+    rewards,
+    rows,
+    *,
+    entropy_advantage_base: str = "grpo",
+    entropy_advantage_coef: float = 0.2,
+    eps: float = 1e-6,
 ) -> TokenAdvantages:
-    """A'_t = A_t * (1 + gamma * sg(z_t)), gamma = ``entropy_advantage_coef`` (AEPO's entropy-aware
-    advantage); A_t from the estimator ``base`` (given this ``eps`` if it takes one)."""
+    """AEPO's entropy-aware advantage (arXiv 2510.14545, Sec. "Entropy-Balanced Policy
+    Optimization", part "Entropy-aware Advantage Estimation"):
+
+        A^Acc_t = (r_i - mean(R)) / std(R)            (GRPO; here: ``entropy_advantage_base``)
+        A^dH_t  = (H_t - mean(H)) / std(H)
+        A_t     = A^Acc_t * (1 + a * sg(A^dH_t)),     a = ``entropy_advantage_coef`` (0.2)
+
+    The superscript dH of the paper names the token's entropy deviation from the mean, not the
+    change relative to the root (H_initial) that drives branching: the paper standardises H_t
+    itself, and so does the reference code (over the entropies of the update batch). We
+    standardise over the batch's trained tokens (loss mask 1), with the entropies measured at
+    sampling time (pi_old; the reference recomputes them with the policy being trained, equal
+    before the first update of a step). A constant shift or scale of H (nats or / log|V|) does
+    not change A^dH. A^Acc comes from the full-row estimator ``entropy_advantage_base``, given
+    this ``eps`` if it takes one."""
+    base = entropy_advantage_base
     base_estimator = ADVANTAGE_ESTIMATORS.get(base)
     if base == "aepo" or base_estimator.dedupe_rows:
-        raise ValueError(f"aepo needs a full-row base estimator (grpo, dr_grpo, rloo, ...), got {base!r}")
+        raise ValueError(
+            f"entropy_advantage_base must be a full-row estimator (grpo, dr_grpo, rloo, ...), got {base!r}"
+        )
     base_options = {"eps": eps} if "eps" in base_estimator.options else {}
     advantages = base_estimator.fn(trees, rewards, rows, **base_options)
     flat = batch_rows(rows)

@@ -4,23 +4,25 @@ Per prompt the rollout driver uses this module as follows (ARPO, arXiv 2507.1984
 
 1. ``budget = BranchBudget(total=M, initial=N, branch_factor=Z)``; sample ``budget.initial``
    trajectories from the prompt.
-2. For every trajectory, H_initial is the window-mean normalised entropy of its *first*
-   generated segment in *this* training step. (The reference code keeps the baseline of
+2. For every trajectory, H_initial is the window-mean entropy (nats, ``core.entropy``) of its
+   *first* generated segment in *this* training step. (The reference code keeps the baseline of
    step 1 forever; ours is reset every step.)
 3. After each tool call t on a path, the driver generates the continuation and takes H_t, the
-   mean normalised entropy of the first k tokens generated *after the current tool result*
-   (the reference code measures the previous segment: a one-round lag). It then asks
+   mean entropy of the first k tokens generated *after the current tool result* (the reference
+   code measures the previous segment: a one-round lag). It then asks
    ``policy.should_branch(delta_entropy=H_t - H_initial, consecutive_branches=l, rng=rng)``.
    When that is true and ``budget.can_branch()``, it forks ``budget.children_per_branch()``
    extra children and calls ``budget.record_branch(n)``, which returns how many it may keep.
 4. When every path has ended, ``budget.fill_count(num_finished)`` fresh trajectories are
    sampled from the prompt, so that the prompt has exactly M trajectories.
 
-Two branching rules are provided. ARPO (``ARPOBranchingPolicy``) compares an entropy-driven
+Three branching rules are provided. ARPO (``ARPOBranchingPolicy``) compares an entropy-driven
 score with a threshold, either deterministically (the paper) or by a coin flip (the reference
-code). AEPO (arXiv 2510.14545, ``AEPOBranchingPolicy``) wraps the ARPO rule and damps it on
-paths that keep branching; its entropy pre-monitoring (``aepo_global_samples``) decides how
-many of the M trajectories are sampled globally before any branching.
+code). AEPO (arXiv 2510.14545, ``AEPOBranchingPolicy``) damps the ARPO rule on paths that keep
+branching; its entropy pre-monitoring (``aepo_global_samples``) decides how many of the M
+trajectories are sampled globally before any branching. ``RandomBranchingPolicy`` forks with a
+fixed probability whatever the entropy does: the ablation that keeps ARPO's budget and tree and
+removes only the entropy signal.
 """
 
 from __future__ import annotations
@@ -65,9 +67,10 @@ def _check_finite(name: str, value: float) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class ARPOBranchingPolicy:
-    """ARPO's entropy-based adaptive branching rule.
+    """ARPO's entropy-based adaptive branching rule (arXiv 2507.19849, Sec. 3.2, "Entropy-based
+    Adaptive Beaming").
 
-    dH_t = H_t - H_initial is the change of normalised entropy after tool call t.
+    dH_t = H_t - H_initial is the change of the window-mean entropy (nats) after tool call t.
 
     - ``mode="threshold"`` (paper): P_t = alpha + beta * dH_t, branch when P_t > tau. The
       decision is deterministic and P_t is not clipped (it is a score compared with tau).
@@ -125,14 +128,20 @@ class ARPOBranchingPolicy:
 
 @dataclass(frozen=True, kw_only=True)
 class AEPOBranchingPolicy:
-    """AEPO's consecutive-branch penalty around an ARPO rule (arXiv 2510.14545).
+    """AEPO's consecutive-branch penalty around an ARPO rule (arXiv 2510.14545, Sec. "Dynamic
+    Entropy-Balanced Rollout", part "Entropy-Balanced Adaptive Rollout").
 
-    The ARPO score is multiplied by max(0, 1 - penalty * l), where l is the number of
-    high-entropy branchings in a row directly above this tool call on the path (the driver
-    passes it as ``consecutive_branches``; it is 0 after a tool call that did not branch).
-    In threshold mode the damped P_t is compared with tau; in stochastic mode it is the
-    probability of branching. With penalty = 0.05, a path that branched 20 times in a row
-    never branches again.
+    The paper writes the branch score of tool call t as
+
+        P_t = (alpha + beta * dH_t) * (1 - P^(l)),    P^(l) = penalty * l  (linear in l)
+
+    and branches Z paths when P_t > tau. l is the number of high-entropy branchings in a row
+    directly above this tool call on the path (the driver passes it as
+    ``consecutive_branches``; it is 0 after a tool call that did not branch). Here the factor
+    (1 - P^(l)) multiplies the base rule's score and is floored at 0: in threshold mode the
+    damped score is compared with tau (the paper's form), in stochastic mode it is the
+    probability of branching. With penalty = 0.05 a path that branched 20 times in a row never
+    branches again.
 
     Attributes:
         base: the ARPO rule being damped (its alpha, beta, tau and mode apply).
@@ -167,19 +176,55 @@ class AEPOBranchingPolicy:
         return self.base.decide(self.branch_probability(delta_entropy, consecutive_branches), rng)
 
 
+@dataclass(frozen=True, kw_only=True)
+class RandomBranchingPolicy:
+    """Fork with a fixed probability at every tool call, whatever dH is (the ablation of ARPO's
+    entropy signal). With ``probability`` = tau it branches, on average, as often as ARPO's
+    stochastic rule does at dH = 0, from the same budget (M, N, Z) and tree rollout.
+
+    Attributes:
+        probability: p in [0, 1].
+    """
+
+    probability: float
+
+    def __post_init__(self) -> None:
+        _check_finite("probability", self.probability)
+        if not 0.0 <= self.probability <= 1.0:
+            raise ValueError(f"probability must lie in [0, 1], got {self.probability}")
+
+    def should_branch(
+        self,
+        delta_entropy: float,
+        consecutive_branches: int = 0,
+        rng: np.random.Generator | None = None,
+    ) -> bool:
+        """u < p with u ~ U[0, 1); ``delta_entropy`` and ``consecutive_branches`` are ignored."""
+        if rng is None:
+            raise ValueError("random branching needs rng, a numpy.random.Generator")
+        return bool(rng.random() < self.probability)
+
+
 def aepo_global_samples(
     total_rollouts: int,
     root_entropy: float,
     mean_tool_entropy: float,
     sensitivity: float = 1.0,
 ) -> int:
-    """AEPO's entropy pre-monitoring: how many of the M trajectories are sampled globally.
+    """AEPO's entropy pre-monitoring: how many of the M trajectories are sampled globally
+    (arXiv 2510.14545, Sec. "Dynamic Entropy-Balanced Rollout", part "Entropy Pre-Monitoring").
 
-    m = clamp(floor(M * sigmoid(b * (H_root - mean H_tool))) + 1, 1, M), with b the
-    sensitivity. The remaining M - m trajectories come from branching. If the question itself
-    is more uncertain than the tool feedback (H_root > mean H_tool), more global trajectories
-    are sampled; otherwise more of the budget goes to branching after tool calls. The result
-    is the ``initial`` of a ``BranchBudget``.
+    The paper allocates m of the k = M trajectories to global sampling as
+
+        m = k * sigmoid(beta * (H_root - mean_i H_tool^i))
+
+    with beta the sensitivity; the other M - m come from branching after tool calls. If the
+    question itself is more uncertain than the tool feedback (H_root > mean H_tool), more
+    trajectories are sampled from the root; otherwise more of the budget goes to branching.
+    The paper does not say how m becomes an integer: we round to the nearest (halves up) and
+    keep at least 1 global trajectory (the probe) and at most M, so at a zero gap m = M / 2,
+    ARPO's default N = M / 2. The result is the ``initial`` of a ``BranchBudget``. Entropies
+    are in nats (``core.entropy``), so ``sensitivity`` is per nat.
     """
     if total_rollouts < 1:
         raise ValueError(f"total_rollouts (M={total_rollouts}) must be >= 1")
@@ -193,7 +238,7 @@ def aepo_global_samples(
         raise ValueError(f"sensitivity (b={sensitivity}) must be >= 0")
     x = sensitivity * (root_entropy - mean_tool_entropy)
     sigmoid = 0.5 * (1.0 + math.tanh(0.5 * x))  # = 1 / (1 + e^-x), without overflow
-    return min(total_rollouts, max(1, math.floor(total_rollouts * sigmoid) + 1))
+    return min(total_rollouts, max(1, math.floor(total_rollouts * sigmoid + 0.5)))
 
 
 @dataclass

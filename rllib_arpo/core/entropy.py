@@ -5,14 +5,23 @@ result:
 
     H_t = -sum_{j in V} p_{t,j} log p_{t,j}        (nats; p_t = softmax(z_t), z_t the logits)
 
-averaged over the first k (= 20) generated tokens and normalised by log|V| so it lies in [0, 1].
+averaged over the first k (= 20) generated tokens. The unit is the nat, per token, not divided by
+log|V|: the branching score alpha + beta * dH_t only moves with dH when dH is of order one.
+
+The scale, measured (``scripts/entropy_after_tools.py``, docs/entropy.md): after a tool result the
+window mean changes by about a nat either way on the embedded task and on SmolLM2-135M-Instruct,
+so beta = 0.2 moves the branch probability by about 0.2. Divided by log|V| (11.9 for Qwen2.5's
+vocabulary) the same changes shrink twelvefold and every rule with beta = 0.2 branches with
+probability about tau, whatever the entropy does. The reference code's number is the sum of 20
+tokens' top-10 entropies over log|V|: 20 / 11.9 = 1.7 times our mean for Qwen2.5, the same order
+of magnitude, so the paper's alpha, beta and tau keep their meaning here.
 
 Two sources:
 
 - ``entropy_from_logits``: exact, from the full logits (the transformers engine).
 - ``entropy_from_topk_logprobs``: from the top-k logprobs an engine such as vLLM returns. The
   top-k mass is renormalised first (an approximation; see that function). The reference code
-  sums -p log p over the top-10 list without renormalising and without averaging over the
+  sums -p log p over the top-10 list without renormalising and sums rather than averages over the
   window; we do neither.
 """
 
@@ -20,12 +29,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TypeVar
 
 import numpy as np
 import torch
-
-EntropyValue = TypeVar("EntropyValue", torch.Tensor, np.ndarray, float)
 
 
 def entropy_from_logits(logits: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
@@ -100,16 +106,6 @@ def _pad_with_zero_probability(rows: Sequence[Sequence[float]]) -> torch.Tensor:
     for i, row in enumerate(rows):
         padded[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
     return padded
-
-
-def normalize_entropy(entropy: EntropyValue, vocab_size: int) -> EntropyValue:
-    """H / log|V|, which lies in [0, 1] (log|V| is the entropy of the uniform distribution).
-
-    Works on tensors, arrays and floats alike and returns the same kind.
-    """
-    if vocab_size < 2:
-        raise ValueError(f"vocab_size must be at least 2 (log|V| > 0), got {vocab_size}")
-    return entropy / math.log(vocab_size)
 
 
 def window_mean_entropy(entropies: Sequence[float], k: int = 20) -> float:

@@ -12,8 +12,11 @@ minimised) and where its clip was active:
 - ``ppo_clip``: l_t = -min(r_t A_t, clip(r_t, 1 - eps_low, 1 + eps_high) A_t), with asymmetric
   bounds (DAPO's clip-higher uses eps_high = 0.28) and optional dual clip c > 1: for A_t < 0 the
   loss is capped at -c A_t (Ye et al. 2020, dual-clip PPO).
-- ``sg_clip``: GPPO's gradient-preserving clip, which AEPO's entropy-balanced clipping builds
-  on. Same forward value as ``ppo_clip``; clipped tokens keep a gradient.
+- ``sg_clip`` (alias ``gppo``): GPPO's gradient-preserving clip. Same forward value as
+  ``ppo_clip``; tokens clipped at either bound keep a gradient, rescaled to that bound.
+- ``aepo_clip``: AEPO's entropy clipping-balanced mechanism: the stop-gradient at the upper
+  bound only (high-ratio tokens with A > 0, typically high-entropy ones, keep a gradient); the
+  lower bound clips as PPO does.
 - ``cispo``: CISPO (MiniMax-M1): l_t = -sg(clip(r_t, 1 - eps_low, 1 + eps_high)) A_t log pi_theta.
 
 ``compute_policy_loss`` is the single entry point the learner calls: it adds the optional KL
@@ -58,22 +61,27 @@ def _clipped_surrogate(
     eps_low: float,
     eps_high: float,
     dual_clip: float | None,
-    keep_clipped_gradient: bool,
+    keep_gradient_at: tuple[str, ...],
 ) -> PolicyLossTerms:
     """PPO's clipped surrogate, optionally with gradient-preserving (stop-gradient) clipping.
 
     min(r A, clip(r) A) picks the clipped term exactly on the tokens where
-    A > 0 and r > 1 + eps_high, or A < 0 and r < 1 - eps_low; everywhere else it is r A.
-    On those tokens the clipped ratio is a constant, so PPO gives them no gradient. With
-    ``keep_clipped_gradient`` the clipped ratio is written as sg(clip(r)) * r / sg(r): the same
-    value, but d/dtheta = clip(r) * d log pi_theta / dtheta.
+    A > 0 and r > 1 + eps_high (the upper bound), or A < 0 and r < 1 - eps_low (the lower
+    bound); everywhere else it is r A. On those tokens the clipped ratio is a constant, so PPO
+    gives them no gradient. At the bounds named in ``keep_gradient_at`` (``"upper"``,
+    ``"lower"``) the clipped ratio is written as sg(clip(r)) * r / sg(r): the same value, but
+    d/dtheta = clip(r) * d log pi_theta / dtheta.
     """
     ratio = torch.exp(logprobs - old_logprobs)
-    clipped_ratio = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
-    if keep_clipped_gradient:
-        clipped_ratio = clipped_ratio.detach() * ratio / ratio.detach()
-    clipped = ((advantages > 0) & (ratio > 1.0 + eps_high)) | ((advantages < 0) & (ratio < 1.0 - eps_low))
-    objective = torch.where(clipped, clipped_ratio * advantages, ratio * advantages)
+    upper = (advantages > 0) & (ratio > 1.0 + eps_high)
+    lower = (advantages < 0) & (ratio < 1.0 - eps_low)
+    bound = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    rescaled = bound.detach() * ratio / ratio.detach()  # same value, gradient kept
+    objective = ratio * advantages
+    for side, on_side in (("upper", upper), ("lower", lower)):
+        kept = rescaled if side in keep_gradient_at else bound.detach()
+        objective = torch.where(on_side, kept * advantages, objective)
+    clipped = upper | lower
     if dual_clip is not None:
         if dual_clip <= 1.0:
             raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
@@ -108,11 +116,11 @@ def ppo_clip(
         eps_low,
         eps_high,
         dual_clip,
-        keep_clipped_gradient=False,
+        keep_gradient_at=(),
     )
 
 
-@POLICY_LOSSES.register("sg_clip")
+@POLICY_LOSSES.register("sg_clip", "gppo")
 def sg_clip(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -122,7 +130,8 @@ def sg_clip(
     eps_high: float,
     dual_clip: float | None = None,
 ) -> PolicyLossTerms:
-    """Stop-gradient clip: GPPO's gradient-preserving clipping, the basis of AEPO's clipping.
+    """Stop-gradient clip at both bounds: GPPO's gradient-preserving clipping (Klear-Reasoner,
+    arXiv 2508.07629).
 
     The clipped ratio is written with a stop-gradient sg(.):
 
@@ -132,13 +141,9 @@ def sg_clip(
 
     Forward values equal ``ppo_clip`` exactly (r / sg(r) = 1). The gradient differs only on the
     clipped tokens: instead of 0 it is dl_t/dlog pi_theta = -(1 +/- eps) A_t, i.e. the gradient
-    of the unclipped term rescaled to the clip bound, so high-entropy exploratory tokens whose
-    ratio left the trust region still learn (AEPO arXiv 2510.14545, entropy-balanced clipping).
-
-    AEPO writes the stop-gradient into the upper bound only, clamp(r, 1 - eps_low,
-    (1 + eps_high) r / sg(r)); we apply it to both bounds as GPPO does, so tokens with A < 0
-    below 1 - eps_low keep a gradient too. A dual clip, if given, stays a hard cap (no
-    gradient), as in ``ppo_clip``.
+    of the unclipped term rescaled to the clip bound. Tokens with A < 0 below 1 - eps_low keep
+    a gradient too; ``aepo_clip`` keeps it at the upper bound only. A dual clip, if given, stays
+    a hard cap (no gradient), as in ``ppo_clip``.
     """
     return _clipped_surrogate(
         logprobs,
@@ -147,7 +152,46 @@ def sg_clip(
         eps_low,
         eps_high,
         dual_clip,
-        keep_clipped_gradient=True,
+        keep_gradient_at=("upper", "lower"),
+    )
+
+
+@POLICY_LOSSES.register("aepo_clip")
+def aepo_clip(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    eps_low: float,
+    eps_high: float,
+    dual_clip: float | None = None,
+) -> PolicyLossTerms:
+    """AEPO's entropy clipping-balanced mechanism (arXiv 2510.14545, Sec. "Entropy-Balanced
+    Policy Optimization", part "Entropy Clipping-Balanced Mechanism").
+
+    The paper puts a stop-gradient into the upper clipping bound only:
+
+        l_t = -min(r_t A_t, clip(r_t, 1 - eps_low, (1 + eps_high) * r_t / sg(r_t)) A_t)
+
+    The forward value equals ``ppo_clip``'s (r / sg(r) = 1). Its gradient with respect to
+    log pi_theta is -F_t A_t with
+
+        F_t = 1 + eps_high   if r_t > 1 + eps_high and A_t > 0   (PPO: 0; kept, rescaled)
+        F_t = 0              if r_t < 1 - eps_low and A_t < 0    (as PPO)
+        F_t = r_t            otherwise
+
+    so tokens whose probability rose past the trust region with a positive advantage, which
+    are mostly high-entropy tokens (a flat distribution moves most), keep learning. ``sg_clip``
+    (GPPO) also keeps the lower bound's gradient. A dual clip, if given, stays a hard cap.
+    """
+    return _clipped_surrogate(
+        logprobs,
+        old_logprobs,
+        advantages,
+        eps_low,
+        eps_high,
+        dual_clip,
+        keep_gradient_at=("upper",),
     )
 
 

@@ -328,11 +328,43 @@ class RewardSettings:
     multi_tool_set: tuple[str, ...] = setting(
         ("search", "python"), "Tools that must all be used for r_M; empty: no bonus."
     )
+    overlong_buffer_fraction: float = setting(
+        0.0,
+        "[L_cache / L_max] DAPO's overlong shaping: responses longer than (1 - fraction) * max_response_tokens "
+        "lose up to `overlong_penalty_factor`, linearly; 0: off.",
+    )
+    overlong_penalty_factor: float = setting(1.0, "DAPO's overlong shaping: the penalty at max_response_tokens.")
 
     def __post_init__(self) -> None:
         if self.correctness not in ("auto", "em", "f1", "math"):
             raise ValueError(f"correctness must be one of auto, em, f1, math, got {self.correctness!r}")
+        if not 0.0 <= self.overlong_buffer_fraction <= 1.0 or self.overlong_penalty_factor < 0:
+            raise ValueError(
+                "overlong_buffer_fraction must lie in [0, 1] and overlong_penalty_factor be >= 0, got "
+                f"{self.overlong_buffer_fraction!r}, {self.overlong_penalty_factor!r}"
+            )
         object.__setattr__(self, "multi_tool_set", tuple(self.multi_tool_set))
+
+
+def overlong_penalty(length: int, max_length: int, buffer_fraction: float, factor: float = 1.0) -> float:
+    """DAPO's soft overlong punishment (arXiv 2503.14476, Sec. 3.4), added to the reward:
+
+        0                                              if |y| <= L_max - L_cache
+        factor * ((L_max - L_cache) - |y|) / L_cache   if L_max - L_cache < |y| <= L_max
+        -factor                                        if |y| > L_max
+
+    with L_max = ``max_length`` and L_cache = ``buffer_fraction * max_length`` (0: no shaping;
+    DAPO: 4,096 of 20,480 tokens, 0.2). Responses are cut at L_max here, so a cut response gets
+    about -factor."""
+    buffer = buffer_fraction * max_length
+    if buffer <= 0:
+        return 0.0
+    expected = max_length - buffer
+    if length <= expected:
+        return 0.0
+    if length > max_length:
+        return -factor
+    return factor * (expected - length) / buffer
 
 
 def hierarchical_reward(

@@ -23,15 +23,24 @@ def update_learners(learner_group, batch: dict[str, np.ndarray], config: Any) ->
     With several learners each gets one shard of equal row count (``shard_rows``); the learners
     then divide by the whole batch's token count, so the result equals one learner's update on
     the whole batch."""
-    options = {
+    if learner_group.is_local or config.num_learners <= 1:
+        return learner_group.update(batch=_multi_agent(batch), **epoch_options(config, len(batch["loss_mask"])))
+    shards = shard_rows(batch, config.num_learners)
+    options = epoch_options(config, len(shards[0]["loss_mask"]))
+    return learner_group.update(batches=[_multi_agent(shard) for shard in shards], **options)
+
+
+def epoch_options(config: Any, rows: int) -> dict[str, Any]:
+    """A learner's ``num_epochs`` passes over its ``rows`` trajectory rows (LOOP: 2).
+
+    RLlib sizes a missing ``minibatch_size`` by the batch's env steps, which are trained tokens
+    here, so several epochs would become one pass over a batch repeated to that many rows; the
+    minibatch is therefore the learner's whole batch unless ``minibatch_size`` is set."""
+    return {
         "num_epochs": config.num_epochs,
-        "minibatch_size": config.minibatch_size,
+        "minibatch_size": config.minibatch_size or rows,
         "shuffle_batch_per_epoch": config.minibatch_size is not None,
     }
-    if learner_group.is_local or config.num_learners <= 1:
-        return learner_group.update(batch=_multi_agent(batch), **options)
-    shards = shard_rows(batch, config.num_learners)
-    return learner_group.update(batches=[_multi_agent(shard) for shard in shards], **options)
 
 
 def policy_weights(learner_group, module_id=DEFAULT_MODULE_ID, *, as_object_ref: bool = False):

@@ -47,8 +47,8 @@ class Generation:
         token_ids: generated tokens (stop string included, padding excluded).
         logprobs: log pi(token | prefix) of each generated token under the sampling
             distribution's model (temperature 1 logits), used as pi_old by the learner.
-        entropies: per-token entropy of the next-token distribution, normalised by log|V| so
-            it lies in [0, 1] (exact from full logits, or renormalised top-k; see core.entropy).
+        entropies: per-token entropy of the next-token distribution in nats (exact from full
+            logits, or renormalised top-k; see core.entropy).
         finish_reason: ``"stop"`` (a stop string matched), ``"eos"`` or ``"length"``.
         stop_string: the stop string that matched, if any.
     """

@@ -39,7 +39,7 @@ from rllib_arpo.data.datasets import PromptStream, load_dataset, tools_for_datas
 from rllib_arpo.data.prompts import encode_prompt
 from rllib_arpo.learner.rl_module import DTYPES, placeholder_spaces
 from rllib_arpo.rollout.engine import ENGINES
-from rllib_arpo.rollout.scoring import score_trees
+from rllib_arpo.rollout.scoring import score_trees, training_rewards
 from rllib_arpo.rollout.settings import RolloutSettings
 from rllib_arpo.rollout.tree_rollout import TreeRollout
 from rllib_arpo.tools.base import ToolExecutor, build_tools
@@ -57,8 +57,10 @@ class DataPosition:
 
 @dataclass
 class RolloutBatch:
-    """What one ``sample()`` returns: one tree per prompt and the reward of each trajectory, and
-    the runner's data position after this sample."""
+    """What one ``sample()`` returns: one tree per prompt, the reward of each trajectory, the
+    runner's data position after this sample and, when ``reward_kl_coef`` > 0, the per-token KL
+    to the initial policy of each trajectory (``rollout.reference``; one list of arrays per tree,
+    aligned with its full rows)."""
 
     trees: list[RolloutTree]
     rewards: list[np.ndarray]
@@ -66,6 +68,7 @@ class RolloutBatch:
     pad_token_id: int
     runner_index: int = 0
     position: DataPosition = DataPosition()
+    token_kl: list[list[np.ndarray]] | None = None
 
 
 VLLM_WEIGHT_RECEIVER = "rllib_arpo.rollout.vllm_weight_receiver.WeightReceiver"
@@ -114,6 +117,11 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         settings = from_config(RolloutSettings, cfg)
         self.rollout = TreeRollout(self.engine, self.tools, settings.branching_policy(), settings)
         self.reward_settings = from_config(RewardSettings, cfg)
+        self.reference = None
+        if cfg.reward_kl_coef > 0:
+            from rllib_arpo.rollout.reference import ReferencePolicy
+
+            self.reference = ReferencePolicy(cfg.model_path, DTYPES[cfg.dtype])
         self._examples = load_dataset(cfg.dataset)
         self.prompts = self._prompt_stream()
         self.position = DataPosition()
@@ -145,10 +153,11 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         self.position = DataPosition(self.position.samples + 1, self.position.prompts + drawn)
         trees, stats = self.rollout.run(prompts, seed=self._seed * 100_003 + self.position.samples)
         scores = score_trees(trees, examples, self.tokenizer, self.reward_settings, tuple(self.tools.tools))
-        rewards = [np.array([s.reward for s in tree_scores]) for tree_scores in scores]
+        rewards = training_rewards(trees, scores, self.reward_settings, cfg.max_response_tokens)
+        token_kl = [self.reference.token_kl(tree) for tree in trees] if self.reference else None
         self._log_rollout_metrics(trees, scores, stats, time.perf_counter() - start)
         version, pad = self.engine.weights_version, self.tokenizer.pad_token_id
-        return RolloutBatch(trees, rewards, version, pad, self.worker_index or 0, self.position)
+        return RolloutBatch(trees, rewards, version, pad, self.worker_index or 0, self.position, token_kl)
 
     def _log_rollout_metrics(self, trees, scores, stats, seconds: float) -> None:
         """One value per metric and ``sample()`` call (window 1: the latest iteration)."""

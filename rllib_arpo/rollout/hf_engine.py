@@ -4,7 +4,7 @@ It samples with its own decoding loop over a KV cache (not ``model.generate``) b
 rollout needs, for every generated token y_t with logits z_t:
 
     logprob_t = log softmax(z_t)[y_t]                       (temperature-1 logits: pi_old)
-    entropy_t = H(softmax(z_t)) / log|V|,  H = -sum_j p_j log p_j   (exact, full vocabulary)
+    entropy_t = H(softmax(z_t)) = -sum_j p_j log p_j   (nats; exact, full vocabulary)
 
 Prefix reuse. In an ARPO tree the prefixes of one call share long token spans: the prompt is
 repeated for all trajectories of a question, and branches forked at a tool call share everything
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
-from rllib_arpo.core.entropy import entropy_from_logits, normalize_entropy
+from rllib_arpo.core.entropy import entropy_from_logits
 from rllib_arpo.rollout.engine import EngineStats, Generation, SamplingParams
 
 
@@ -273,7 +273,7 @@ class HFEngine:
             sampled = self._sample(logits, params, generator)
             log_probs = torch.log_softmax(logits, dim=-1)
             sampled_logprobs = log_probs.gather(1, sampled[:, None]).squeeze(1)
-            sampled_entropies = normalize_entropy(entropy_from_logits(logits), logits.shape[-1])
+            sampled_entropies = entropy_from_logits(logits)
             keep = []
             for row, (seq, token, logprob, entropy) in enumerate(
                 zip(active, sampled.tolist(), sampled_logprobs.tolist(), sampled_entropies.tolist())

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rllib_arpo.core.rewards import RewardBreakdown, RewardSettings, hierarchical_reward
+import numpy as np
+
+from rllib_arpo.core.rewards import RewardBreakdown, RewardSettings, hierarchical_reward, overlong_penalty
 from rllib_arpo.core.tree import RolloutTree
 from rllib_arpo.data.datasets import PromptExample
 
@@ -43,4 +45,29 @@ def score_trees(
             for i in range(tree.num_trajectories)
         ]
         for tree, example in zip(trees, examples)
+    ]
+
+
+def training_rewards(
+    trees: Sequence[RolloutTree],
+    scores: Sequence[Sequence[RewardBreakdown]],
+    settings: RewardSettings,
+    max_response_tokens: int,
+) -> list[np.ndarray]:
+    """The rewards RL trains on, per prompt: the hierarchical reward plus DAPO's overlong shaping
+    of the response length (tool results included, as ``max_response_tokens`` counts them)."""
+    return [
+        np.array(
+            [
+                score.reward
+                + overlong_penalty(
+                    len(tree.trajectory_response_ids(i)),
+                    max_response_tokens,
+                    settings.overlong_buffer_fraction,
+                    settings.overlong_penalty_factor,
+                )
+                for i, score in enumerate(tree_scores)
+            ]
+        )
+        for tree, tree_scores in zip(trees, scores)
     ]

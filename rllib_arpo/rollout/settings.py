@@ -13,10 +13,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rllib_arpo.core.branching import AEPOBranchingPolicy, ARPOBranchingPolicy, BranchBudget, BranchingPolicy
+from rllib_arpo.core.branching import (
+    AEPOBranchingPolicy,
+    ARPOBranchingPolicy,
+    BranchBudget,
+    BranchingPolicy,
+    NoBranching,
+    RandomBranchingPolicy,
+)
 from rllib_arpo.core.settings import setting
 
-BRANCHING_RULES = ("arpo", "aepo")
+BRANCHING_RULES = ("arpo", "aepo", "random", "none")
 
 
 @dataclass(frozen=True)
@@ -25,11 +32,16 @@ class RolloutSettings:
     AEPO arXiv 2510.14545)."""
 
     total_rollouts: int = setting(16, "[M] trajectories per prompt.")
-    initial_rollouts: int = setting(8, "[N] trajectories sampled from the prompt before any branching, 1 <= N <= M.")
+    initial_rollouts: int = setting(
+        8, "[N] trajectories sampled from the prompt before any branching, 1 <= N <= M (`branching: none`: M)."
+    )
     branch_factor: int = setting(2, "[Z] paths leaving a branch point: the path and Z - 1 new children.")
-    entropy_window: int = setting(20, "[k] tokens after a tool result whose mean normalised entropy is H_t.")
+    entropy_window: int = setting(20, "[k] tokens after a tool result whose mean entropy (nats) is H_t.")
     branching: str = setting(
-        "arpo", "Branching rule: `arpo`, or `aepo` (ARPO's rule with the consecutive-branch penalty)."
+        "arpo",
+        "Branching rule: `arpo`, `aepo` (ARPO's rule with the consecutive-branch penalty), `random` "
+        "(fork with probability tau whatever dH is: the ablation at the same budget), or `none` (all M "
+        "trajectories sampled from the prompt: GRPO and the other flat baselines).",
     )
     branching_mode: str = setting(
         "stochastic",
@@ -60,7 +72,13 @@ class RolloutSettings:
     top_p: float = setting(1.0, "Nucleus sampling, in (0, 1].")
 
     def __post_init__(self) -> None:
-        BranchBudget(self.total_rollouts, self.initial_rollouts, self.branch_factor)
+        BranchBudget(self.total_rollouts, self.global_samples, self.branch_factor)
+        self.branching_policy()
+        if self.aepo_pre_monitoring and self.branching == "none":
+            raise ValueError(
+                "aepo_pre_monitoring splits the budget between global samples and branches: "
+                "it needs a branching rule, not branching: none"
+            )
         at_least = {
             "entropy_window (k)": (self.entropy_window, 1),
             "max_tool_calls": (self.max_tool_calls, 0),
@@ -81,11 +99,21 @@ class RolloutSettings:
                 f"early_children must be true, false or null (the engine's preference), got {self.early_children!r}"
             )
 
+    @property
+    def global_samples(self) -> int:
+        """Trajectories sampled from the prompt before any branching: N, or M for ``branching: none``."""
+        return self.total_rollouts if self.branching == "none" else self.initial_rollouts
+
     def branching_policy(self) -> BranchingPolicy:
         """The configured rule: ARPO's (alpha, beta, tau, mode), wrapped in AEPO's
-        consecutive-branch penalty for ``branching: aepo``."""
+        consecutive-branch penalty for ``branching: aepo``; a coin of probability tau for
+        ``branching: random``."""
         if self.branching not in BRANCHING_RULES:
             raise ValueError(f"branching must be one of {list(BRANCHING_RULES)}, got {self.branching!r}")
+        if self.branching == "none":
+            return NoBranching()
+        if self.branching == "random":
+            return RandomBranchingPolicy(probability=self.tau)
         rule = ARPOBranchingPolicy(alpha=self.alpha, beta=self.beta, tau=self.tau, mode=self.branching_mode)
         if self.branching == "aepo":
             return AEPOBranchingPolicy(base=rule, penalty=self.aepo_branch_penalty)

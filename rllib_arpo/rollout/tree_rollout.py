@@ -5,7 +5,7 @@ For a batch of prompts, every round:
 1. every active path is continued by the engine until a tool's closing tag, EOS or the length
    budget (all paths of all prompts in one ``generate`` call, so shared prefixes are batched);
 2. the new tokens become a MODEL segment of the prompt's tree. A path's first segment sets its
-   H_initial (window-mean normalised entropy of its first k tokens, fresh every training step).
+   H_initial (window-mean entropy of its first k tokens, in nats, fresh every training step).
    A segment that follows a tool result gives H_t, and dH_t = H_t - H_initial drives the
    branching policy: a fork adds Z - 1 children that resample from the end of that tool result
    (with ``early_children`` they start next to the deciding tokens and are dropped if the fork is
@@ -111,8 +111,8 @@ class TreeRollout:
             active = [_Path(tree=i) for i in range(len(trees))]
             probes = {path.tree: path for path in active}
         else:
-            budgets = [BranchBudget(s.total_rollouts, s.initial_rollouts, s.branch_factor) for _ in trees]
-            active = [_Path(tree=i) for i in range(len(trees)) for _ in range(s.initial_rollouts)]
+            budgets = [BranchBudget(s.total_rollouts, s.global_samples, s.branch_factor) for _ in trees]
+            active = [_Path(tree=i) for i in range(len(trees)) for _ in range(s.global_samples)]
 
         while active:
             stats.rounds += 1

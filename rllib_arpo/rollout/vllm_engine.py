@@ -5,7 +5,7 @@ token y_t vLLM returns the top-k logprobs of the raw model distribution (``logpr
 "raw_logprobs", vLLM's default: before temperature, top-p and any logits processor), so
 
     logprob_t = log softmax(z_t)[y_t]                          (temperature-1 logits: pi_old)
-    entropy_t = H_topk(t) / log|V|,  H_topk = -sum_{j<=k} q_j log q_j,  q_j = p_j / sum_{i<=k} p_i
+    entropy_t = H_topk(t) = -sum_{j<=k} q_j log q_j,  q_j = p_j / sum_{i<=k} p_i   (nats)
 
 The entropy is an approximation: only the top-k probabilities are known, their mass is
 renormalised and the tail is dropped (``core.entropy.entropy_from_topk_logprobs``), so it
@@ -37,7 +37,7 @@ from vllm import SamplingParams as VLLMSamplingParams
 from vllm.inputs import TokensPrompt
 from vllm.platforms import current_platform
 
-from rllib_arpo.core.entropy import entropy_from_topk_logprobs, normalize_entropy
+from rllib_arpo.core.entropy import entropy_from_topk_logprobs
 from rllib_arpo.rollout.engine import EngineStats, Generation, SamplingParams
 
 CPU_BATCHED_TOKENS = 4096
@@ -101,7 +101,6 @@ class VLLMEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.logprobs_k = logprobs_k
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
-        self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
         self.weights_version = 0
         self.stats = EngineStats()
 
@@ -217,7 +216,7 @@ class VLLMEngine:
             logprobs.append(candidates[token].logprob)
             # the sampled token is listed on top of the top k when it ranks below them
             topk.append([c.logprob for c in candidates.values() if c.rank <= self.logprobs_k])
-        entropies = normalize_entropy(entropy_from_topk_logprobs(topk), self.vocab_size).tolist() if topk else []
+        entropies = entropy_from_topk_logprobs(topk).tolist() if topk else []
         if completion.finish_reason == "length":
             return Generation(token_ids, logprobs, entropies, "length")
         if completion.finish_reason != "stop":

@@ -117,7 +117,8 @@ def test_cli_exits_with_a_clear_message_on_a_bad_file(tmp_path):
         [sys.executable, "-m", "rllib_arpo.cli", "train", "file", path], capture_output=True, text=True, timeout=120
     )
     assert completed.returncode == 2
-    assert completed.stderr == f"rllib: error: {path}: experiment 'x': unknown run: 'NOPE'; known: ['ARPO']\n"
+    known = "['AEPO', 'ARPO', 'CISPO', 'DAPO', 'DrGRPO', 'GPPO', 'GRPO', 'LOOP', 'REINFORCE++']"
+    assert completed.stderr == f"rllib: error: {path}: experiment 'x': unknown run: 'NOPE'; known: {known}\n"
 
 
 def test_search_spaces_and_the_asha_scheduler_are_read(tmp_path):

@@ -153,3 +153,30 @@ def test_checkpoint_restore_resyncs_runner_weights_and_version(ray_session, smal
         assert result["training_iteration"] == 3 and result["weights_version"] == 3
     finally:
         restored.stop()
+
+
+@pytest.mark.parametrize("name", ["DAPO", "REINFORCE++"])
+def test_family_members_train_by_name_through_tune(ray_session, small_config, tmp_path, name):
+    """``import rllib_arpo`` registers the family; the member's defaults apply under ``tune.Tuner``.
+    The untrained tiny policy breaks the format everywhere (equal rewards), so DAPO keeps sampling
+    up to its round limit; REINFORCE++ measures the KL to the initial policy in the EnvRunner."""
+    import rllib_arpo  # noqa: F401  (registers the family with Tune)
+    from rllib_arpo.family import FAMILY
+
+    param_space = {k: v for k, v in small_config.to_dict().items() if k not in FAMILY[name].defaults}
+    param_space["dynamic_sampling_max_rounds"] = 2
+    results = tune.Tuner(
+        name,
+        param_space=param_space,
+        run_config=tune.RunConfig(stop={"training_iteration": 1}, storage_path=str(tmp_path), verbose=0),
+    ).fit()
+    assert not results.errors
+    [result] = results
+    assert result.config["advantage_estimator"] == {"DAPO": "grpo", "REINFORCE++": "reinforce_pp"}[name]
+    sampled = result.metrics["sampled"]
+    if name == "DAPO":
+        assert result.metrics["dynamic_sampling_rounds"] in (1, 2)
+        assert sampled["prompts"] == 2 * result.metrics["dynamic_sampling_rounds"]
+    else:
+        assert result.config["reward_kl_coef"] == 0.01 and sampled["prompts"] == 2
+    assert sampled["trajectories"] == 4 * sampled["prompts"]

@@ -74,14 +74,16 @@ def test_reinforce_pp_whitens_over_the_batch_tokens():
 
 
 def test_reinforce_pp_folds_kl_into_the_return():
-    # one prompt, trajectories of 2 tokens (r=1, kl=[0.5, 1]) and 2 tokens (r=0, kl=[0, 0]); kl_coef 1:
+    # one prompt, trajectories of 2 tokens (r=1, kl=[0.5, 1]) and 2 tokens (r=0, kl=[0, 0]); reward_kl_coef 1:
     # G = [1 - (0.5 + 1), 1 - 1] = [-0.5, 0] and [0, 0]; mean -0.125, std = sqrt(mean((x+0.125)^2))
     trees = [flat_group([2, 2])]
     kl = [np.array([0.5, 1.0]), np.array([0.0, 0.0])]
-    adv = advantages_of("reinforce_pp", trees, [[1.0, 0.0]], token_kl=kl, kl_coef=1.0, eps=0.0)
+    adv = advantages_of("reinforce_pp", trees, [[1.0, 0.0]], token_kl=kl, reward_kl_coef=1.0, eps=0.0)
     g = np.array([-0.5, 0.0, 0.0, 0.0])
     expected = (g - g.mean()) / g.std()
     np.testing.assert_allclose(np.concatenate(adv), expected, rtol=1e-6)
+    with pytest.raises(ValueError, match="needs token_kl"):
+        advantages_of("reinforce_pp", trees, [[1.0, 0.0]], reward_kl_coef=1.0)
 
 
 def test_soft_and_hard_attribution_differ_exactly_on_shared_tokens():
@@ -115,8 +117,11 @@ def test_aepo_scales_by_standardised_entropy():
     base = advantages_of("grpo", [tree], [[1.0, 0.0, 0.0]], eps=0.0)
     adv = advantages_of("aepo", [tree], [[1.0, 0.0, 0.0]], entropy_advantage_coef=0.2, eps=0.0)
     np.testing.assert_allclose(adv[1], base[1] * (1 + 0.2 * z_row1), rtol=1e-5)
-    with pytest.raises(ValueError, match="full-row base"):
-        advantages_of("aepo", [tree], [[1.0, 0.0, 0.0]], base="arpo_hard")
+    # the base estimator is a config field: Dr.GRPO's A_i = r_i - mean r = (2/3, -1/3, -1/3)
+    dr = advantages_of("aepo", [tree], [[1.0, 0.0, 0.0]], entropy_advantage_base="dr_grpo", eps=0.0)
+    np.testing.assert_allclose(dr[1], -1 / 3 * (1 + 0.2 * z_row1), rtol=1e-5)
+    with pytest.raises(ValueError, match="full-row estimator"):
+        advantages_of("aepo", [tree], [[1.0, 0.0, 0.0]], entropy_advantage_base="arpo_hard")
 
 
 @pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
@@ -160,12 +165,16 @@ def test_advantages_come_with_the_rows_they_were_computed_for(name, dedupe):
 def test_options_are_explicit_and_filled_from_config_fields_of_the_same_name():
     class Config:
         entropy_advantage_coef = 0.5
-        kl_coef = 0.1
+        entropy_advantage_base = "rloo"
+        reward_kl_coef = 0.1
         lr = 1e-6
 
-    assert ADVANTAGE_ESTIMATORS.get("aepo").options == ("base", "entropy_advantage_coef", "eps")
-    assert ADVANTAGE_ESTIMATORS.get("aepo").options_from(Config()) == {"entropy_advantage_coef": 0.5}
-    assert ADVANTAGE_ESTIMATORS.get("reinforce_pp").options_from(Config()) == {"kl_coef": 0.1}
+    assert ADVANTAGE_ESTIMATORS.get("aepo").options == ("entropy_advantage_base", "entropy_advantage_coef", "eps")
+    assert ADVANTAGE_ESTIMATORS.get("aepo").options_from(Config()) == {
+        "entropy_advantage_base": "rloo",
+        "entropy_advantage_coef": 0.5,
+    }
+    assert ADVANTAGE_ESTIMATORS.get("reinforce_pp").options_from(Config()) == {"reward_kl_coef": 0.1}
     assert ADVANTAGE_ESTIMATORS.get("dr_grpo").options_from(Config()) == {}
     with pytest.raises(TypeError, match="entropy_coef"):
         compute_advantages("aepo", [flat_group([1, 1])], [[1.0, 0.0]], entropy_coef=0.2)

@@ -8,6 +8,7 @@ from rllib_arpo.core.branching import (
     ARPOBranchingPolicy,
     BranchBudget,
     NoBranching,
+    RandomBranchingPolicy,
     aepo_global_samples,
 )
 from rllib_arpo.rollout.settings import RolloutSettings
@@ -116,15 +117,18 @@ def test_non_finite_delta_entropy_raises():
 @pytest.mark.parametrize(
     "total, entropy_gap, sensitivity, expected",
     [
-        (16, 0.0, 1.0, 9),  # sigmoid(0) = 0.5: floor(16 * 0.5) + 1 = 9
-        (8, 0.0, 1.0, 5),  # floor(8 * 0.5) + 1 = 5
-        (16, 1.0, 1.0, 12),  # sigmoid(1) = 0.7311: floor(11.70) + 1 = 12
-        (16, -1.0, 1.0, 5),  # sigmoid(-1) = 0.2689: floor(4.30) + 1 = 5
+        # m = clamp(floor(M * sigmoid(b * gap) + 1/2), 1, M): the paper's m = k * sigmoid(beta * gap), rounded
+        (16, 0.0, 1.0, 8),  # sigmoid(0) = 0.5: 16 * 0.5 = 8, ARPO's N = M / 2
+        (8, 0.0, 1.0, 4),
+        (8, math.log(3), 1.0, 6),  # sigmoid(ln 3) = 3 / 4: 8 * 3 / 4 = 6
+        (8, -math.log(3), 1.0, 2),  # sigmoid(-ln 3) = 1 / 4: 8 / 4 = 2
+        (16, 1.0, 1.0, 12),  # sigmoid(1) = 0.7311: 11.70 -> 12
+        (16, -1.0, 1.0, 4),  # sigmoid(-1) = 0.2689: 4.30 -> 4
         (16, 0.5, 2.0, 12),  # b * gap = 1, as above
-        (16, 0.5, 0.0, 9),  # b = 0: always the even split
-        (16, 50.0, 1.0, 16),  # sigmoid = 1: floor(16) + 1 = 17, clamped to M
-        (16, -50.0, 1.0, 1),  # sigmoid ~ 2e-22: floor(~0) + 1 = 1
-        (1, 0.0, 1.0, 1),  # floor(0.5) + 1 = 1
+        (16, 0.5, 0.0, 8),  # b = 0: always the even split
+        (16, 50.0, 1.0, 16),  # sigmoid = 1: all M global
+        (16, -50.0, 1.0, 1),  # sigmoid ~ 2e-22: 0, but the probe is one global sample
+        (1, 0.0, 1.0, 1),  # 0.5 -> 1
     ],
 )
 def test_aepo_global_samples(total, entropy_gap, sensitivity, expected):
@@ -187,12 +191,53 @@ def test_rollout_settings_build_the_configured_rule_and_validate_it_by_building_
     aepo = RolloutSettings(branching="aepo", beta=0.3, aepo_branch_penalty=0.1).branching_policy()
     assert aepo == AEPOBranchingPolicy(base=arpo(beta=0.3, mode="stochastic"), penalty=0.1)
     assert RolloutSettings().branching_policy().mode == "stochastic"  # the one default, the reference code's
-    with pytest.raises(ValueError, match="branching must be one of \\['arpo', 'aepo'\\], got 'ppo'"):
+    assert RolloutSettings(branching="random", tau=0.3).branching_policy() == RandomBranchingPolicy(probability=0.3)
+    assert isinstance(RolloutSettings(branching="none").branching_policy(), NoBranching)
+    with pytest.raises(ValueError, match="branching must be one of \\['arpo', 'aepo', 'random', 'none'\\], got 'ppo'"):
         RolloutSettings(branching="ppo")
     with pytest.raises(ValueError, match=r"tau must lie in \[0, 1\], got 2.0"):
         RolloutSettings(branching="aepo", tau=2.0)
     with pytest.raises(ValueError, match="penalty must be >= 0"):
         RolloutSettings(branching="aepo", aepo_branch_penalty=-1.0)
+
+
+def test_at_the_default_settings_the_branch_probability_moves_with_dh():
+    """The default rule (stochastic, tau = 0.5, beta = 0.2) on the entropy changes measured after
+    tool calls (nats; docs/entropy.md). On SmolLM2-135M-Instruct the quartiles of dH are -0.20
+    and +1.64 nats after its own tool calls and -1.44 and -0.14 after forced reference calls, so
+    p = clip(0.5 + 0.2 dH, 0, 1) ranges over 0.21 to 0.83 between them. Divided by log|V| (the
+    scale before; |V| = 49,152, log|V| = 10.8) the same dH kept p within 0.03 of 0.5."""
+    rule = RolloutSettings().branching_policy()
+    quartiles = (-1.44, -0.20, 0.0, 1.64)
+    assert [rule.branch_probability(dh) for dh in quartiles] == pytest.approx([0.212, 0.46, 0.5, 0.828])
+    assert rule.branch_probability(3.0) == 1.0 and rule.branch_probability(-3.0) == 0.0
+    old_scale = [rule.branch_probability(dh / math.log(49_152)) for dh in quartiles]
+    assert max(abs(p - 0.5) for p in old_scale) < 0.031
+    # and the decisions follow: over 4,000 coin flips each, dH = +1 forks more often than dH = -1
+    rng = np.random.default_rng(0)
+    rising = np.mean([rule.should_branch(1.0, rng=rng) for _ in range(4000)])
+    falling = np.mean([rule.should_branch(-1.0, rng=rng) for _ in range(4000)])
+    assert rising == pytest.approx(0.7, abs=0.03) and falling == pytest.approx(0.3, abs=0.03)
+
+
+def test_random_branching_ignores_the_entropy():
+    rule = RandomBranchingPolicy(probability=0.5)
+    for dh in (-5.0, 5.0):
+        rng = np.random.default_rng(1)
+        assert np.mean([rule.should_branch(dh, 7, rng) for _ in range(4000)]) == pytest.approx(0.5, abs=0.03)
+    a, b = np.random.default_rng(3), np.random.default_rng(3)
+    assert [rule.should_branch(-5.0, rng=a) for _ in range(50)] == [rule.should_branch(5.0, rng=b) for _ in range(50)]
+    with pytest.raises(ValueError, match="needs rng"):
+        rule.should_branch(0.0)
+    with pytest.raises(ValueError, match=r"probability must lie in \[0, 1\]"):
+        RandomBranchingPolicy(probability=1.5)
+
+
+def test_branching_none_samples_all_m_from_the_prompt():
+    assert RolloutSettings(branching="none", total_rollouts=8, initial_rollouts=12).global_samples == 8
+    assert RolloutSettings(total_rollouts=8, initial_rollouts=4).global_samples == 4
+    with pytest.raises(ValueError, match="aepo_pre_monitoring .* needs a branching rule"):
+        RolloutSettings(branching="none", aepo_pre_monitoring=True)
 
 
 def test_the_rules_have_no_defaults_of_their_own():

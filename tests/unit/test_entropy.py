@@ -7,7 +7,6 @@ import torch
 from rllib_arpo.core.entropy import (
     entropy_from_logits,
     entropy_from_topk_logprobs,
-    normalize_entropy,
     window_mean_entropy,
 )
 
@@ -61,16 +60,6 @@ def test_topk_accepts_numpy_and_ragged_lists():
     # A ragged list: the single-token row is certain (q = 1 -> H = 0).
     ragged = [[math.log(0.3), math.log(0.1)], [math.log(0.9)]]
     assert torch.allclose(entropy_from_topk_logprobs(ragged), torch.tensor([H_QUARTER, 0.0]))
-
-
-def test_normalize_entropy_divides_by_log_vocab_size():
-    # ln 2 / ln 4 = ln 2 / (2 ln 2) = 0.5; the uniform distribution maps to 1.
-    assert normalize_entropy(math.log(2), 4) == pytest.approx(0.5)
-    uniform = entropy_from_logits(torch.zeros(3, 16))
-    assert torch.allclose(normalize_entropy(uniform, 16), torch.ones(3))
-    assert np.allclose(normalize_entropy(np.array([math.log(4)]), 16), [0.5])  # ln 4 / ln 16
-    with pytest.raises(ValueError, match="at least 2"):
-        normalize_entropy(0.3, 1)
 
 
 def test_window_mean_entropy():

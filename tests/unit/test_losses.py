@@ -89,7 +89,7 @@ def test_each_aggregation_names_the_denominator_that_micro_batches_share():
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
-@pytest.mark.parametrize("name", ["ppo_clip", "sg_clip", "cispo"])
+@pytest.mark.parametrize("name", ["ppo_clip", "sg_clip", "aepo_clip", "cispo"])
 def test_empty_mask_gives_zero_loss_with_finite_gradient(name, mode):
     logprobs, old = logprobs_for_ratios([[1.5, 0.5], [1.0, 1.0]])
     advantages = torch.ones(2, 2, dtype=torch.float64)
@@ -101,13 +101,13 @@ def test_empty_mask_gives_zero_loss_with_finite_gradient(name, mode):
     assert all(value == 0.0 for value in metrics.values())
 
 
-def test_sg_clip_matches_ppo_value_but_keeps_clipped_gradient():
+def test_sg_and_aepo_clip_match_ppo_value_but_keep_clipped_gradient():
     # eps = 0.2. Token 0: r = 1.5, A = +2 (clipped high); token 1: r = 0.5, A = -2 (clipped
     # low); token 2: r = 1.0, A = +2 (inside). token-mean over 3 tokens.
     advantages = torch.tensor([[2.0, -2.0, 2.0]], dtype=torch.float64)
     mask = torch.ones(1, 3)
     results = {}
-    for name in ("ppo_clip", "sg_clip"):
+    for name in ("ppo_clip", "sg_clip", "aepo_clip"):
         logprobs, old = logprobs_for_ratios([[1.5, 0.5, 1.0]])
         loss, metrics = compute_policy_loss(name, logprobs, old, advantages, mask, eps_low=0.2, eps_high=0.2)
         loss.backward()
@@ -115,14 +115,19 @@ def test_sg_clip_matches_ppo_value_but_keeps_clipped_gradient():
     # value: (-(1.2 * 2) - (0.8 * -2) - (1.0 * 2)) / 3 = (-2.4 + 1.6 - 2) / 3
     expected_value = (-2.4 + 1.6 - 2.0) / 3
     assert results["ppo_clip"][0] == pytest.approx(expected_value)
-    assert results["sg_clip"][0] == pytest.approx(expected_value)
+    assert results["sg_clip"][0] == results["aepo_clip"][0] == pytest.approx(expected_value)
     # PPO: clipped tokens get 0; the inside token gets -A r / 3 = -2 / 3.
     ppo_grad = torch.tensor([[0.0, 0.0, -2 / 3]], dtype=torch.float64)
     assert torch.allclose(results["ppo_clip"][1], ppo_grad)
     # sg_clip: -A * bound / 3 on clipped tokens: -2 * 1.2 / 3 = -0.8 and 2 * 0.8 / 3 = 0.5333.
     sg_grad = torch.tensor([[-2 * 1.2 / 3, 2 * 0.8 / 3, -2 / 3]], dtype=torch.float64)
     assert torch.allclose(results["sg_clip"][1], sg_grad)
-    assert results["ppo_clip"][2] == results["sg_clip"][2] == pytest.approx(2 / 3)
+    # aepo_clip (AEPO: stop-gradient in the upper bound only): F = 1 + eps_high = 1.2 on token 0
+    # (r > 1.2, A > 0), F = 0 on token 1 (r < 0.8, A < 0, as PPO), F = r on token 2:
+    # gradient -F A / 3 = (-0.8, 0, -2/3).
+    aepo_grad = torch.tensor([[-2 * 1.2 / 3, 0.0, -2 / 3]], dtype=torch.float64)
+    assert torch.allclose(results["aepo_clip"][1], aepo_grad)
+    assert results["ppo_clip"][2] == results["sg_clip"][2] == results["aepo_clip"][2] == pytest.approx(2 / 3)
 
 
 def test_cispo_gradient_is_clipped_weight_times_advantage():
@@ -191,7 +196,7 @@ def test_compute_policy_loss_rejects_mismatched_shapes():
 
 
 def test_unknown_loss_name_lists_known_names():
-    known = "known: cispo, ppo_clip, sg_clip"
+    known = "known: aepo_clip, cispo, gppo, ppo_clip, sg_clip"
     with pytest.raises(ValueError, match=f"unknown policy loss 'gspo'.*; {known}"):
         POLICY_LOSSES.get("gspo")
 

@@ -358,3 +358,13 @@ def test_early_children_default_follows_the_engine_unless_set(tools):
         assert TreeRollout(engine, tools, FixedBranching(True), settings).early_children is expected
     engine.prefers_early_children = True
     assert TreeRollout(engine, tools, FixedBranching(True), RolloutSettings()).early_children is True
+
+
+def test_branching_none_starts_all_m_paths_at_the_prompt(tools):
+    engine, policy, runner = rollout(
+        SEARCH_THEN_ANSWER, tools, branch=True, branching="none", initial_rollouts=2, total_rollouts=4
+    )
+    (tree,), stats = runner.run([TOKENIZER.encode("Q?")], seed=0)
+    # M = 4 paths from the prompt in the first round; the (forking) policy is never asked
+    assert tree.num_trajectories == 4 and stats.branches == 0
+    assert len(children(tree, None)) == 4 and policy.deltas == []

@@ -1,0 +1,201 @@
+"""Compare algorithms of the family at the same rollout budget over several seeds.
+
+    python scripts/compare_algorithms.py tuned_examples/{arpo,arpo_random,aepo,grpo,dapo,loop}_tiny.yaml \\
+        --seeds 0 1 2 3 4 5 --baseline grpo_tiny --results compare.jsonl --out docs/compare_tiny
+
+Each run is ``rllib train file CONFIG --config '{"seed": S, ...}'`` in a subprocess, timed from
+start to exit, one after the other; its figures are appended to ``--results`` (JSON lines), and
+runs already there are skipped, so an interrupted comparison resumes where it stopped. A seed
+fixes the data order, the sampling and the held-out evaluation's sampling of every config, so
+configs are compared seed by seed (paired).
+
+Per run, from the trial's result.json:
+    accuracy before / after: held-out accuracy before the first update, and the mean of the last
+        ``--final-evals`` evaluations (each evaluation samples once per question, so averaging
+        two halves the sampling noise of the final figure);
+    gain: after - before;
+    tool calls / question: held-out tool calls per question at the end (what the policy does);
+    train tool calls / prompt, train tokens / prompt: tool calls executed and tokens generated in
+        training rollouts per prompt sampled (shared prefixes of a tree count once; DAPO's extra
+        dynamic-sampling rounds count too);
+    minutes: wall time of the whole run.
+
+The table gives, per config, mean and 95% t-interval over seeds, and the paired difference of the
+gain to ``--baseline`` with its 95% interval and a paired t-test's p-value. ``--out PREFIX``
+writes ``PREFIX.md`` (the table) and ``PREFIX.png`` (per-seed gains and the cost figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+from rllib_arpo.eval.report import evaluations, read_results
+
+FIGURES = (
+    ("accuracy_before", "accuracy before", "{:.3f}"),
+    ("accuracy_after", "accuracy after", "{:.3f}"),
+    ("gain", "gain (points)", "{:+.1f}"),
+    ("tool_calls_per_question", "tool calls / question", "{:.2f}"),
+    ("train_tool_calls_per_prompt", "train tool calls / prompt", "{:.1f}"),
+    ("train_tokens_per_prompt", "train tokens / prompt", "{:.0f}"),
+    ("minutes", "minutes", "{:.1f}"),
+)
+
+
+TIMED_RUN = (
+    "import subprocess, sys, time; start = time.perf_counter(); code = subprocess.run(sys.argv[2:]).returncode; "
+    "open(sys.argv[1], 'w').write(str(time.perf_counter() - start)); sys.exit(code)"
+)
+"""``python -c TIMED_RUN SECONDS_FILE COMMAND...``: runs COMMAND and writes its wall time in seconds."""
+
+
+def run_once(
+    config_file: str, seed: int, storage: Path, overrides: dict, final_evals: int, lock: str | None = None
+) -> dict:
+    """The figures of one run of ``config_file`` with ``seed``, under ``flock lock`` if given (the
+    wall time is taken inside the lock: waiting for it does not count)."""
+    name = Path(config_file).stem
+    run_storage = storage / f"{name}_seed{seed}"
+    timing = storage / f"{name}_seed{seed}.seconds"
+    command = [sys.executable, "-m", "rllib_arpo.cli", "train", "file", config_file]
+    command += ["--config", json.dumps({**overrides, "seed": seed}), "--storage-path", str(run_storage)]
+    timed = [sys.executable, "-c", TIMED_RUN, str(timing), *command]
+    with open(storage / f"{name}_seed{seed}.log", "w") as log:
+        subprocess.run((["flock", lock] if lock else []) + timed, check=True, stdout=log, stderr=subprocess.STDOUT)
+    minutes = float(timing.read_text()) / 60
+    (result_file,) = run_storage.glob("*/*/result.json")
+    results = read_results(result_file.parent)
+    points = evaluations(results)
+    if len(points) < 2:
+        raise RuntimeError(f"{config_file} seed {seed}: fewer than two held-out evaluations in {result_file}")
+    before = points[0][1]
+    last = [metrics for _, metrics in points[-final_evals:]]
+    prompts = sum(r.get("sampled", {}).get("prompts", 0) for r in results)
+    tool_calls = sum(r.get("sampled", {}).get("tool_calls", 0) for r in results)
+    tokens = sum(r.get("sampled", {}).get("generated_tokens", 0) for r in results)
+    after = float(np.mean([m["accuracy"] for m in last]))
+    return {
+        "config": name,
+        "seed": seed,
+        "accuracy_before": before["accuracy"],
+        "accuracy_after": after,
+        "gain": 100 * (after - before["accuracy"]),
+        "tool_calls_per_question": float(
+            np.mean([sum(v for k, v in m.items() if k.startswith("tool_calls_per_question/")) for m in last])
+        ),
+        "train_tool_calls_per_prompt": tool_calls / prompts,
+        "train_tokens_per_prompt": tokens / prompts,
+        "minutes": minutes,
+    }
+
+
+def interval(values) -> tuple[float, float]:
+    """Mean and the half-width of its 95% t-interval (0 for a single value)."""
+    values = np.asarray(values, dtype=float)
+    if values.size < 2:
+        return float(values.mean()), 0.0
+    return float(values.mean()), float(stats.t.ppf(0.975, values.size - 1) * stats.sem(values))
+
+
+def table(runs: list[dict], baseline: str | None) -> str:
+    configs = list(dict.fromkeys(r["config"] for r in runs))
+    by = {c: {r["seed"]: r for r in runs if r["config"] == c} for c in configs}
+    header = ["config", "seeds"] + [label for _, label, _ in FIGURES]
+    if baseline:
+        header += [f"gain - {baseline} (paired)", "p (paired t)"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for config in configs:
+        seeds = sorted(by[config])
+        cells = [config, str(len(seeds))]
+        for key, _, fmt in FIGURES:
+            mean, half = interval([by[config][s][key] for s in seeds])
+            cells.append(fmt.format(mean) + (" ± " + fmt.format(half).lstrip("+") if half else ""))
+        if baseline:
+            shared = [s for s in seeds if s in by.get(baseline, {})]
+            if config == baseline or len(shared) < 2:
+                cells += ["", ""]
+            else:
+                differences = [by[config][s]["gain"] - by[baseline][s]["gain"] for s in shared]
+                mean, half = interval(differences)
+                p_value = stats.ttest_rel(
+                    [by[config][s]["gain"] for s in shared], [by[baseline][s]["gain"] for s in shared]
+                ).pvalue
+                cells += [f"{mean:+.1f} ± {half:.1f}", f"{p_value:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(runs: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    configs = list(dict.fromkeys(r["config"] for r in runs))
+    panels = (
+        ("gain", "held-out gain (points)"),
+        ("tool_calls_per_question", "held-out tool calls / question"),
+        ("train_tool_calls_per_prompt", "train tool calls / prompt"),
+        ("train_tokens_per_prompt", "train tokens / prompt"),
+    )
+    figure, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
+    for axis, (key, label) in zip(axes, panels):
+        for x, config in enumerate(configs):
+            values = [r[key] for r in runs if r["config"] == config]
+            mean, half = interval(values)
+            jitter = np.linspace(-0.15, 0.15, len(values)) if len(values) > 1 else np.zeros(1)
+            axis.scatter(x + jitter, values, s=12, alpha=0.6)
+            axis.errorbar(x, mean, yerr=half, fmt="_k", markersize=18, capsize=4)
+        axis.set_xticks(range(len(configs)), [c.removesuffix("_tiny") for c in configs], rotation=45, ha="right")
+        axis.set_title(label, fontsize=10)
+        axis.grid(alpha=0.3, axis="y")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config_files", nargs="+")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--baseline", help="config name (file stem) the others are compared with, seed by seed")
+    parser.add_argument("--final-evals", type=int, default=2, help="held-out evaluations averaged for 'after'")
+    parser.add_argument("--config", type=json.loads, default={}, help="JSON overrides for every run")
+    parser.add_argument("--results", default="compare_algorithms.jsonl", help="JSON lines, one per run (resumable)")
+    parser.add_argument("--storage-path", help="where the runs write their results (default: a temporary directory)")
+    parser.add_argument("--out", help="write PREFIX.md and PREFIX.png")
+    parser.add_argument("--lock", help="run each training under `flock LOCK` (a machine shared by several users)")
+    args = parser.parse_args()
+    storage = Path(args.storage_path or tempfile.mkdtemp(prefix="compare_algorithms_"))
+    storage.mkdir(parents=True, exist_ok=True)
+    results = Path(args.results)
+    runs = [json.loads(line) for line in results.read_text().splitlines()] if results.is_file() else []
+    done = {(r["config"], r["seed"]) for r in runs}
+    for seed in args.seeds:  # seed by seed, so a partial comparison is already paired
+        for config_file in args.config_files:
+            if (Path(config_file).stem, seed) in done:
+                continue
+            run = run_once(config_file, seed, storage, args.config, args.final_evals, args.lock)
+            runs.append(run)
+            with results.open("a") as file:
+                file.write(json.dumps(run) + "\n")
+            print(json.dumps(run), flush=True)
+    wanted = {Path(c).stem for c in args.config_files}
+    runs = [r for r in runs if r["config"] in wanted and r["seed"] in args.seeds]
+    markdown = table(runs, args.baseline)
+    print(markdown)
+    if args.out:
+        Path(f"{args.out}.md").write_text(markdown + "\n")
+        plot(runs, Path(f"{args.out}.png"))
+
+
+if __name__ == "__main__":
+    main()
