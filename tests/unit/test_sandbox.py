@@ -198,7 +198,9 @@ def _kill_uid(uid: int) -> None:
 
 def test_fork_bomb_is_contained(tool):
     text = run(tool, "import os\nwhile True: os.fork()")
-    assert text.endswith("BlockingIOError: [Errno 11] Resource temporarily unavailable")
+    # every forked copy that hits the limit prints its own traceback, so the copies' stderr lines
+    # interleave and any of them may come last: the limit's error is in the output, the call returned
+    assert "BlockingIOError: [Errno 11] Resource temporarily unavailable" in text
 
 
 def _processes_with_argument(argument: str) -> list[int]:
