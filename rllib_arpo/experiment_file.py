@@ -293,6 +293,14 @@ def engine_options_of(engine: str) -> tuple[dict[str, Any], frozenset[str]]:
     return own, passed_on
 
 
+def _check_option_type(name: str, value: Any, annotation: Any) -> None:
+    """``check_type`` for an option the experiment passes on, its error as a ``ConfigError``."""
+    try:
+        check_type(name, value, annotation)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
 def check_engine_options(engine: str, options: Mapping[str, Any]) -> None:
     """Every key of ``engine_options`` must be an option of ``engine`` (of the right type)."""
     if not options:
@@ -300,10 +308,7 @@ def check_engine_options(engine: str, options: Mapping[str, Any]) -> None:
     own, passed_on = engine_options_of(engine)
     for key, value in options.items():
         if key in own:
-            try:
-                check_type(f"engine_options.{key}", value, own[key])
-            except ValueError as error:
-                raise ConfigError(str(error)) from None
+            _check_option_type(f"engine_options.{key}", value, own[key])
         elif key not in passed_on:
             close = difflib.get_close_matches(key, [*own, *passed_on], n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
@@ -358,7 +363,4 @@ def _check_arguments(where: str, function, options: Mapping[str, Any]) -> None:
         return
     for key, value in options.items():
         if key in hints:
-            try:
-                check_type(f"{where}.{key}", value, hints[key])
-            except ValueError as error:
-                raise ConfigError(str(error)) from None
+            _check_option_type(f"{where}.{key}", value, hints[key])

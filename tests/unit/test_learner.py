@@ -66,9 +66,21 @@ def module_of(learner: ARPOTorchLearner):
     return learner.module[DEFAULT_MODULE_ID]
 
 
+def padded_batch_with_noisy_old_logprobs(
+    learner: ARPOTorchLearner, rows: list[TrajectoryRow], advantages: list[np.ndarray], rng: np.random.Generator
+) -> dict[str, torch.Tensor]:
+    """``rows`` padded by ``pad_rows``; old log-probs = current log-probs + N(0, 0.3^2) noise on
+    trained tokens, so ratios r = exp(-noise) are near 1 and some get clipped."""
+    batch = {k: torch.from_numpy(v) for k, v in pad_rows(rows, advantages, pad_token_id=0).items()}
+    with torch.no_grad():
+        logprobs = module_of(learner).forward_train(batch)["logprobs"]
+    noise = torch.from_numpy(rng.normal(0.0, 0.3, logprobs.shape).astype(np.float32))
+    batch["old_logprobs"] = torch.where(batch["loss_mask"] > 0, logprobs + noise, torch.zeros_like(logprobs))
+    return batch
+
+
 def training_batch(learner: ARPOTorchLearner, seed: int = 0) -> dict[str, torch.Tensor]:
-    """ROWS padded by ``pad_rows``, random token ids; old log-probs = current log-probs + N(0, 0.3^2)
-    noise on trained tokens, so ratios r = exp(-noise) are near 1 and some get clipped."""
+    """ROWS with random token ids, as ``padded_batch_with_noisy_old_logprobs`` makes batches."""
     rng = np.random.default_rng(seed)
     vocab_size = module_of(learner).model.config.vocab_size
     rows, advantages = [], []
@@ -85,12 +97,7 @@ def training_batch(learner: ARPOTorchLearner, seed: int = 0) -> dict[str, torch.
             )
         )
         advantages.append(np.full(n, advantage, dtype=np.float32))
-    batch = {k: torch.from_numpy(v) for k, v in pad_rows(rows, advantages, pad_token_id=0).items()}
-    with torch.no_grad():
-        logprobs = module_of(learner).forward_train(batch)["logprobs"]
-    noise = torch.from_numpy(rng.normal(0.0, 0.3, logprobs.shape).astype(np.float32))
-    batch["old_logprobs"] = torch.where(batch["loss_mask"] > 0, logprobs + noise, torch.zeros_like(logprobs))
-    return batch
+    return padded_batch_with_noisy_old_logprobs(learner, rows, advantages, rng)
 
 
 def gradients(learner: ARPOTorchLearner, batch: dict[str, torch.Tensor], **training) -> dict[str, torch.Tensor]:
@@ -349,12 +356,7 @@ def shared_prefix_batch(learner: ARPOTorchLearner) -> dict[str, torch.Tensor]:
                 )
             )
             advantages.append(np.full(n, rng.normal(), dtype=np.float32))
-    batch = {k: torch.from_numpy(v) for k, v in pad_rows(rows, advantages, pad_token_id=0).items()}
-    with torch.no_grad():
-        logprobs = module_of(learner).forward_train(batch)["logprobs"]
-    noise = torch.from_numpy(rng.normal(0.0, 0.3, logprobs.shape).astype(np.float32))
-    batch["old_logprobs"] = torch.where(batch["loss_mask"] > 0, logprobs + noise, torch.zeros_like(logprobs))
-    return batch
+    return padded_batch_with_noisy_old_logprobs(learner, rows, advantages, rng)
 
 
 @pytest.mark.parametrize("packing", ["packed", "tree"])
