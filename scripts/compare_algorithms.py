@@ -5,9 +5,10 @@
 
 Each run is ``rllib train file CONFIG --config '{"seed": S, ...}'`` in a subprocess, timed from
 start to exit, one after the other; its figures are appended to ``--results`` (JSON lines), and
-runs already there are skipped, so an interrupted comparison resumes where it stopped. A seed
-fixes the data order, the sampling and the held-out evaluation's sampling of every config, so
-configs are compared seed by seed (paired).
+runs already there are skipped, so an interrupted comparison resumes where it stopped
+(``--table-only`` reports what is there and runs nothing). ``--config`` and ``--stop`` apply to
+every run alike (another model, a shorter run). A seed fixes the data order, the sampling and the
+held-out evaluation's sampling of every config, so configs are compared seed by seed (paired).
 
 Per run, from the trial's result.json:
     accuracy before / after: held-out accuracy before the first update, and the mean of the last
@@ -58,7 +59,13 @@ TIMED_RUN = (
 
 
 def run_once(
-    config_file: str, seed: int, storage: Path, overrides: dict, final_evals: int, lock: str | None = None
+    config_file: str,
+    seed: int,
+    storage: Path,
+    overrides: dict,
+    final_evals: int,
+    stop: dict | None = None,
+    lock: str | None = None,
 ) -> dict:
     """The figures of one run of ``config_file`` with ``seed``, under ``flock lock`` if given (the
     wall time is taken inside the lock: waiting for it does not count)."""
@@ -67,6 +74,8 @@ def run_once(
     timing = storage / f"{name}_seed{seed}.seconds"
     command = [sys.executable, "-m", "rllib_arpo.cli", "train", "file", config_file]
     command += ["--config", json.dumps({**overrides, "seed": seed}), "--storage-path", str(run_storage)]
+    if stop:
+        command += ["--stop", json.dumps(stop)]
     timed = [sys.executable, "-c", TIMED_RUN, str(timing), *command]
     with open(storage / f"{name}_seed{seed}.log", "w") as log:
         subprocess.run((["flock", lock] if lock else []) + timed, check=True, stdout=log, stderr=subprocess.STDOUT)
@@ -169,9 +178,11 @@ def main() -> None:
     parser.add_argument("--baseline", help="config name (file stem) the others are compared with, seed by seed")
     parser.add_argument("--final-evals", type=int, default=2, help="held-out evaluations averaged for 'after'")
     parser.add_argument("--config", type=json.loads, default={}, help="JSON overrides for every run")
+    parser.add_argument("--stop", type=json.loads, help="JSON stop criteria for every run (default: each file's)")
     parser.add_argument("--results", default="compare_algorithms.jsonl", help="JSON lines, one per run (resumable)")
     parser.add_argument("--storage-path", help="where the runs write their results (default: a temporary directory)")
     parser.add_argument("--out", help="write PREFIX.md and PREFIX.png")
+    parser.add_argument("--table-only", action="store_true", help="report the runs in --results, run nothing")
     parser.add_argument("--lock", help="run each training under `flock LOCK` (a machine shared by several users)")
     args = parser.parse_args()
     storage = Path(args.storage_path or tempfile.mkdtemp(prefix="compare_algorithms_"))
@@ -181,9 +192,9 @@ def main() -> None:
     done = {(r["config"], r["seed"]) for r in runs}
     for seed in args.seeds:  # seed by seed, so a partial comparison is already paired
         for config_file in args.config_files:
-            if (Path(config_file).stem, seed) in done:
+            if args.table_only or (Path(config_file).stem, seed) in done:
                 continue
-            run = run_once(config_file, seed, storage, args.config, args.final_evals, args.lock)
+            run = run_once(config_file, seed, storage, args.config, args.final_evals, args.stop, args.lock)
             runs.append(run)
             with results.open("a") as file:
                 file.write(json.dumps(run) + "\n")
