@@ -171,6 +171,23 @@ def plot(runs: list[dict], path: Path) -> None:
     plt.close(figure)
 
 
+def run_missing(args: argparse.Namespace, results: Path, runs: list[dict]) -> None:
+    """Run every (config, seed) of ``args`` that ``runs`` lacks, appending each to ``runs`` and to
+    the ``results`` file as it ends."""
+    storage = Path(args.storage_path or tempfile.mkdtemp(prefix="compare_algorithms_"))
+    storage.mkdir(parents=True, exist_ok=True)
+    done = {(r["config"], r["seed"]) for r in runs}
+    for seed in args.seeds:  # seed by seed, so a partial comparison is already paired
+        for config_file in args.config_files:
+            if (Path(config_file).stem, seed) in done:
+                continue
+            run = run_once(config_file, seed, storage, args.config, args.final_evals, args.stop, args.lock)
+            runs.append(run)
+            with results.open("a") as file:
+                file.write(json.dumps(run) + "\n")
+            print(json.dumps(run), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config_files", nargs="+")
@@ -185,20 +202,10 @@ def main() -> None:
     parser.add_argument("--table-only", action="store_true", help="report the runs in --results, run nothing")
     parser.add_argument("--lock", help="run each training under `flock LOCK` (a machine shared by several users)")
     args = parser.parse_args()
-    storage = Path(args.storage_path or tempfile.mkdtemp(prefix="compare_algorithms_"))
-    storage.mkdir(parents=True, exist_ok=True)
     results = Path(args.results)
     runs = [json.loads(line) for line in results.read_text().splitlines()] if results.is_file() else []
-    done = {(r["config"], r["seed"]) for r in runs}
-    for seed in args.seeds:  # seed by seed, so a partial comparison is already paired
-        for config_file in args.config_files:
-            if args.table_only or (Path(config_file).stem, seed) in done:
-                continue
-            run = run_once(config_file, seed, storage, args.config, args.final_evals, args.stop, args.lock)
-            runs.append(run)
-            with results.open("a") as file:
-                file.write(json.dumps(run) + "\n")
-            print(json.dumps(run), flush=True)
+    if not args.table_only:
+        run_missing(args, results, runs)
     wanted = {Path(c).stem for c in args.config_files}
     runs = [r for r in runs if r["config"] in wanted and r["seed"] in args.seeds]
     markdown = table(runs, args.baseline)
