@@ -24,6 +24,7 @@ from rllib_arpo.rollout.settings import RolloutSettings
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 KL_ESTIMATORS = ("k1", "k2", "k3")
+OLD_LOGPROB_SOURCES = ("engine", "learner")
 LEARNER_BACKENDS = ("torch", "deepspeed")
 WEIGHT_SYNCS = ("object_store", "broadcast")
 ZERO_STAGES = (1, 2, 3)
@@ -145,6 +146,17 @@ class LearningSettings:
     token_sum_norm: float | None = setting(
         None, "`seq-mean-token-sum`'s constant divisor (Dr.GRPO: the longest response); null: 1."
     )
+    old_logprobs: str = setting(
+        "engine",
+        "Where the ratio's pi_old comes from: `engine` (the sampler's log-probs of its tokens) or `learner` "
+        "(recomputed by the learner before the update, as verl does: the first ratio is then exactly 1 whatever "
+        "the engine's numerics, at the cost of one forward pass without gradients).",
+    )
+    tis_cap: float | None = setting(
+        None,
+        "[C] Truncated importance sampling: each token's policy loss weighted by min(pi_learner / pi_engine, C), "
+        "correcting for tokens the engine drew with other numerics; needs `old_logprobs: learner`; null: off.",
+    )
     kl_coef: float = setting(0.0, "Weight of the KL loss term to the initial policy; 0: no reference model.")
     reward_kl_coef: float = setting(
         0.0, "REINFORCE++: weight of the KL to the initial policy folded into the reward (`reinforce_pp` only)."
@@ -176,6 +188,16 @@ class LearningSettings:
             )
         if self.dual_clip is not None and not self.dual_clip > 1:
             raise ValueError(f"dual_clip must be > 1 (or null), got {self.dual_clip!r}")
+        if self.old_logprobs not in OLD_LOGPROB_SOURCES:
+            raise ValueError(f"old_logprobs must be one of {list(OLD_LOGPROB_SOURCES)}, got {self.old_logprobs!r}")
+        if self.tis_cap is not None:
+            if not self.tis_cap >= 1:
+                raise ValueError(f"tis_cap must be >= 1 (or null), got {self.tis_cap!r}")
+            if self.old_logprobs != "learner":
+                raise ValueError(
+                    "tis_cap needs old_logprobs: learner (the weight is pi_learner / pi_engine, and the learner's "
+                    "log-probs are computed only then)"
+                )
         if self.kl_kind not in KL_ESTIMATORS:
             raise ValueError(f"kl_kind must be one of {list(KL_ESTIMATORS)}, got {self.kl_kind!r}")
         _at_least(

@@ -341,10 +341,21 @@ def compute_policy_loss(
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     kl_kind: KLKind = "k3",
+    sampler_logprobs: torch.Tensor | None = None,
+    tis_cap: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The learner's loss: policy loss ``name`` plus kl_coef * KL to pi_ref, aggregated.
 
-        L = agg_mode( l_t + kl_coef * KL_t ) over the tokens with loss_mask = 1
+        L = agg_mode( w_t * l_t + kl_coef * KL_t ) over the tokens with loss_mask = 1
+
+    w_t = 1, or with ``tis_cap`` C the truncated importance weight of the sampler's tokens
+    (truncated importance sampling, as verl and slime apply it):
+
+        w_t = sg(min(pi_old(a_t | s_t) / pi_sampler(a_t | s_t), C))
+
+    where pi_old is the learner's own policy before the update (``old_logprobs`` recomputed by
+    the learner) and pi_sampler the engine's, which sampled the token: the policy gradient is
+    then taken under the learner's numerics although the engine's drew the tokens.
 
     Args:
         name: a name in ``POLICY_LOSSES`` (``ppo_clip``, ``sg_clip``, ``cispo``).
@@ -357,13 +368,17 @@ def compute_policy_loss(
         agg_mode, token_sum_norm: a name in ``LOSS_AGGREGATIONS`` and its norm (``aggregate_loss``).
         ref_logprobs: ``[B, T]`` log pi_ref for the KL penalty (``None`` = no KL term).
         kl_coef, kl_kind: the penalty's weight and estimator (see ``kl_penalty``).
+        sampler_logprobs: ``[B, T]`` log pi_sampler, the engine's log-probs of the sampled
+            tokens (needed with ``tis_cap``).
+        tis_cap: C >= 1 of the truncated importance weight (``None`` = no weight).
 
     Returns:
         ``(loss, metrics)``. Metrics are floats over the masked tokens (0.0 when there are none):
         ``policy_loss`` (the aggregated policy term), ``clip_fraction`` (share of tokens where
         the clip was active), ``approx_kl`` (k3 estimate of KL(pi_old || pi_theta)),
-        ``ratio_mean``, ``ratio_min``, ``ratio_max``, and ``kl`` (token mean of the KL
-        estimate to pi_ref) when ``ref_logprobs`` is given.
+        ``ratio_mean``, ``ratio_min``, ``ratio_max``, ``kl`` (token mean of the KL
+        estimate to pi_ref) when ``ref_logprobs`` is given, and with ``tis_cap``
+        ``tis_weight_mean`` and ``tis_truncated_fraction`` (share of tokens with w_t = C).
     """
     if not logprobs.shape == old_logprobs.shape == loss_mask.shape:
         raise ValueError(
@@ -373,7 +388,13 @@ def compute_policy_loss(
     policy_loss = POLICY_LOSSES.get(name)
     old_logprobs, advantages = old_logprobs.detach(), advantages.detach()
     terms = policy_loss(logprobs, old_logprobs, advantages, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip)
-    per_token_loss = terms.per_token_loss
+    policy_per_token = terms.per_token_loss
+    if tis_cap is not None:
+        if sampler_logprobs is None:
+            raise ValueError("tis_cap needs sampler_logprobs (the engine's log-probs of the sampled tokens)")
+        weights = truncated_importance_weights(old_logprobs, sampler_logprobs.detach(), tis_cap)
+        policy_per_token = weights * policy_per_token
+    per_token_loss = policy_per_token
     if ref_logprobs is not None:
         kl = kl_penalty(logprobs, ref_logprobs.detach(), kl_kind)
         per_token_loss = per_token_loss + kl_coef * kl
@@ -381,7 +402,7 @@ def compute_policy_loss(
 
     mask = loss_mask.bool()
     with torch.no_grad():
-        policy_term = aggregate_loss(terms.per_token_loss, loss_mask, agg_mode, token_sum_norm)
+        policy_term = aggregate_loss(policy_per_token, loss_mask, agg_mode, token_sum_norm)
         ratio = torch.exp(logprobs - old_logprobs)[mask]
         metrics = {
             "policy_loss": float(policy_term),
@@ -393,4 +414,17 @@ def compute_policy_loss(
         }
         if ref_logprobs is not None:
             metrics["kl"] = _masked_mean(kl, mask)
+        if tis_cap is not None:
+            metrics["tis_weight_mean"] = _masked_mean(weights, mask)
+            metrics["tis_truncated_fraction"] = _masked_mean((weights >= tis_cap).float(), mask)
     return loss, metrics
+
+
+def truncated_importance_weights(
+    old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """w_t = min(exp(log pi_old - log pi_sampler), C), no gradient: the weight of a token drawn by
+    the sampler (the engine) in a loss taken under pi_old (the learner's numerics)."""
+    if not cap >= 1.0:
+        raise ValueError(f"tis_cap must be >= 1, got {cap}")
+    return torch.exp(old_logprobs - sampler_logprobs).clamp(max=cap).detach()

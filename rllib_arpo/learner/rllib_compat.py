@@ -30,6 +30,9 @@ Private RLlib names used, and what they are in Ray 2.60:
     (``TorchLearner.get_param_ref`` returns the parameter itself). The dict of gradients that
     ``postprocess_gradients`` and ``apply_gradients`` take is keyed by these refs. Used by
     ``parameter_gradients``.
+``TrainingData.solve_refs()`` and ``TrainingData.batch`` (``ray.rllib.core.learner.training_data``)
+    ``LearnerGroup.update`` calls ``Learner.update(training_data=...)``; after ``solve_refs`` a
+    single batch is ``training_data.batch``. Used by ``update_batch``.
 ``AlgorithmConfig._is_frozen``
     bool; when True, ``AlgorithmConfig.__setattr__`` raises ``AttributeError``. ``freeze()`` sets
     it (and freezes ``evaluation_config``); there is no public ``unfreeze``. Used by ``thawed``.
@@ -69,6 +72,18 @@ def parameter_gradients(learner: Any) -> dict[Any, torch.Tensor]:
     """``{param ref: param.grad}`` over ``learner._params``, only parameters that have a gradient:
     the dict ``Learner.postprocess_gradients`` and ``apply_gradients`` take."""
     return {ref: param.grad for ref, param in learner._params.items() if param.grad is not None}
+
+
+def update_batch(batch: Any, training_data: Any) -> Any:
+    """The MultiAgentBatch a ``Learner.update`` call trains on: ``batch`` when given directly,
+    else ``training_data.batch`` (``LearnerGroup.update`` hands a ``TrainingData`` whose object
+    refs ``solve_refs`` resolves; resolving twice is a no-op)."""
+    if batch is not None:
+        return batch
+    training_data.solve_refs()
+    if training_data.batch is None:
+        raise ValueError("the learner's update got no single batch (episodes or several batches are not supported)")
+    return training_data.batch
 
 
 def update_result(loss_per_module: dict[Any, torch.Tensor]) -> tuple[dict, dict, dict]:

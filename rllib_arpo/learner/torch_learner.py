@@ -17,6 +17,15 @@ averages their gradients. The denominator is then the *global* batch's (summed o
 with one all-reduce) and each learner's loss is multiplied by their number, so the averaged
 gradient is exactly the one-learner gradient of the whole batch, not a mean of per-shard means.
 
+Old log-probabilities: ``old_logprobs: engine`` takes pi_old from the engine that sampled the
+tokens; ``learner`` first recomputes them with the learner's own forward pass (no gradient) and
+keeps the engine's under ``sampler_logprobs`` for truncated importance sampling (``tis_cap``).
+Either way the update's first minibatch logs how far sampler and learner disagree on the same
+tokens: ``logprob_mismatch_kl`` (k3 estimate of KL(pi_engine || pi_learner), token mean),
+``logprob_mismatch_max_abs`` (largest |log pi_learner - log pi_engine|), and the spread of the
+ratio pi_theta / pi_old at the first micro-batch (``first_ratio_std``,
+``first_ratio_max_deviation`` = max |r - 1|): with ``learner`` the first ratio is exactly 1.
+
 The update is five steps a backend may replace (``deepspeed_learner.ARPODeepSpeedLearner`` does):
 ``_zero_gradients``, ``_micro_batch`` (a context around one micro-batch's forward and backward),
 ``_forward_train``, ``_backward`` and ``_optimizer_step``.
@@ -31,26 +40,30 @@ import contextlib
 import logging
 from typing import Any
 
+import numpy as np
 import ray
 import torch
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 
-from rllib_arpo.core.losses import compute_policy_loss
+from rllib_arpo.core.losses import compute_policy_loss, kl_penalty
 from rllib_arpo.learner.checkpoint import rng_states, set_rng_states
 from rllib_arpo.learner.distributed import data_parallel_rank, data_parallel_size, global_sum
 from rllib_arpo.learner.memory import LearnerOutOfMemoryError, is_out_of_memory, out_of_memory_advice
 from rllib_arpo.learner.packing import micro_batches
 from rllib_arpo.learner.rl_module import DTYPES, PACKED, hf_state_dict, load_reference_model, sequence_logprobs
-from rllib_arpo.learner.rllib_compat import parameter_gradients, update_result, zero_gradients
+from rllib_arpo.learner.rllib_compat import parameter_gradients, update_batch, update_result, zero_gradients
 from rllib_arpo.learner.weight_broadcast import WeightBroadcastGroup, WeightLayout, free_address
 
 logger = logging.getLogger(__name__)
 RNG_STATES = "rng_states"
+SAMPLER_LOGPROBS = "sampler_logprobs"
+"""Batch key of the engine's log-probs once ``old_logprobs: learner`` has replaced ``old_logprobs``."""
 
 
 class ARPOTorchLearner(TorchLearner):
     def build(self) -> None:
         super().build()
+        self._first_pass = True
         self._reference_models = {}
         if self.config.kl_coef > 0:  # the initial policy, read again (the module may be wrapped or sharded)
             for mid, module in self.module.items():
@@ -118,6 +131,31 @@ class ARPOTorchLearner(TorchLearner):
             set_rng_states(state.pop(RNG_STATES))
         super().set_state(state)
 
+    def update(self, batch=None, *, training_data=None, **kwargs):
+        """RLlib's ``Learner.update``; with ``old_logprobs: learner`` each module's ``old_logprobs``
+        are first replaced by the learner's own (``_recompute_old_logprobs``), before any
+        minibatch or epoch changes the weights."""
+        self._first_pass = True  # the first minibatch logs the sampler/learner mismatch
+        if self.config.old_logprobs == "learner":
+            for mid, module_batch in update_batch(batch, training_data).policy_batches.items():
+                self._recompute_old_logprobs(mid, self.config.get_config_for_module(mid), module_batch)
+        return super().update(batch=batch, training_data=training_data, **kwargs)
+
+    def _recompute_old_logprobs(self, mid, config, module_batch) -> None:
+        """``old_logprobs`` <- log pi_learner of the batch's tokens (micro-batched, no gradient);
+        the engine's go to ``SAMPLER_LOGPROBS``."""
+        tensors = {
+            k: torch.as_tensor(module_batch[k], device=self.device)
+            for k in ("input_ids", "attention_mask", "loss_mask")
+        }
+        learner_logprobs = np.zeros_like(module_batch["old_logprobs"])
+        with torch.no_grad():
+            for rows, chunk in self._micro_chunks(config, tensors):
+                logprobs = self._forward_train(mid, chunk)["logprobs"]
+                learner_logprobs[rows.cpu().numpy()] = logprobs.float().cpu().numpy()
+        module_batch[SAMPLER_LOGPROBS] = module_batch["old_logprobs"]
+        module_batch["old_logprobs"] = learner_logprobs
+
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out) -> torch.Tensor:
         loss, _ = self._policy_loss(module_id, config, batch, fwd_out)
         return loss
@@ -142,6 +180,8 @@ class ARPOTorchLearner(TorchLearner):
             ref_logprobs=ref_logprobs,
             kl_coef=config.kl_coef,
             kl_kind=config.kl_kind,
+            sampler_logprobs=batch.get(SAMPLER_LOGPROBS),
+            tis_cap=config.tis_cap,
         )
 
     @staticmethod
@@ -209,6 +249,22 @@ class ARPOTorchLearner(TorchLearner):
         if self._finite(loss_per_module, gradients):
             self.apply_gradients(self.postprocess_gradients(gradients))
 
+    def _micro_chunks(self, config, module_batch: dict[str, Any]):
+        """``(rows, chunk)`` per micro-batch of ``module_batch`` (``packing.micro_batches``):
+        the rows' indices and their entries, with the packed layout under ``PACKED``."""
+        micros = micro_batches(
+            *(module_batch[k].cpu().numpy() for k in ("input_ids", "attention_mask", "loss_mask")),
+            packing=config.packing,
+            micro_batch_size=config.micro_batch_size,
+            micro_batch_tokens=config.micro_batch_tokens,
+        )
+        for rows, packed in micros:
+            rows = torch.as_tensor(rows, device=self.device)
+            chunk = {k: v[rows] for k, v in module_batch.items()}
+            if packed is not None:
+                chunk[PACKED] = packed
+            yield rows, chunk
+
     def _accumulate_gradients(self, mid, config, module_batch: dict[str, Any]) -> torch.Tensor:
         """Forward and backward over micro-batches; returns the batch loss (this learner's share).
 
@@ -218,27 +274,56 @@ class ARPOTorchLearner(TorchLearner):
         denominators = self._denominators(module_batch["loss_mask"], config.loss_agg_mode)
         total = global_sum(denominators.sum().float()).clamp_min(1)
         scale = data_parallel_size() / total
-        micros = micro_batches(
-            *(module_batch[k].cpu().numpy() for k in ("input_ids", "attention_mask", "loss_mask")),
-            packing=config.packing,
-            micro_batch_size=config.micro_batch_size,
-            micro_batch_tokens=config.micro_batch_tokens,
-        )
+        chunks = list(self._micro_chunks(config, module_batch))
+        mismatch = SamplerMismatch() if self._first_pass else None
         batch_loss = torch.zeros((), device=self.device)
         weighted_metrics: dict[str, float] = {}
-        for i, (rows, packed) in enumerate(micros):
-            rows = torch.as_tensor(rows, device=self.device)
-            chunk = {k: v[rows] for k, v in module_batch.items()}
-            if packed is not None:
-                chunk[PACKED] = packed
+        for i, (rows, chunk) in enumerate(chunks):
             share = denominators[rows].sum().float() * scale
-            with self._micro_batch(mid, last=i == len(micros) - 1):
+            with self._micro_batch(mid, last=i == len(chunks) - 1):
                 fwd_out = self._forward_train(mid, chunk)
                 loss, metrics = self._policy_loss(mid, config, chunk, fwd_out)
                 self._backward(mid, loss * share)
+            if mismatch is not None:
+                mismatch.add(fwd_out["logprobs"].detach(), chunk, first=i == 0)
             batch_loss += loss.detach() * share
             for key, value in metrics.items():
                 weighted_metrics[key] = weighted_metrics.get(key, 0.0) + value * float(share)
+        if mismatch is not None:
+            weighted_metrics.update(mismatch.metrics())
+            self._first_pass = False
         for key, value in weighted_metrics.items():
             self.metrics.log_value((mid, key), value, window=1)
         return batch_loss
+
+
+class SamplerMismatch:
+    """How far the engine's log-probs of the sampled tokens are from the learner's, accumulated
+    over the micro-batches of an update's first minibatch (before any optimizer step, so the
+    learner's are log pi_old): see the module docstring for the metrics."""
+
+    def __init__(self) -> None:
+        self.kl_sum, self.max_abs, self.tokens = 0.0, 0.0, 0
+        self.first_ratio_std, self.first_ratio_max_deviation = 0.0, 0.0
+
+    def add(self, learner_logprobs: torch.Tensor, chunk: dict[str, Any], *, first: bool) -> None:
+        mask = chunk["loss_mask"] > 0
+        if not mask.any():
+            return
+        sampler = chunk.get(SAMPLER_LOGPROBS, chunk["old_logprobs"])[mask]
+        learner = learner_logprobs[mask]
+        self.kl_sum += float(kl_penalty(sampler, learner, "k3").sum())
+        self.max_abs = max(self.max_abs, float((learner - sampler).abs().max()))
+        self.tokens += int(mask.sum())
+        if first:
+            ratio = torch.exp(learner - chunk["old_logprobs"][mask])
+            self.first_ratio_std = float(ratio.std(unbiased=False))
+            self.first_ratio_max_deviation = float((ratio - 1).abs().max())
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "logprob_mismatch_kl": self.kl_sum / max(self.tokens, 1),
+            "logprob_mismatch_max_abs": self.max_abs,
+            "first_ratio_std": self.first_ratio_std,
+            "first_ratio_max_deviation": self.first_ratio_max_deviation,
+        }

@@ -392,3 +392,53 @@ def test_a_packed_update_gives_the_padded_update(model_dir, packing, micro_batch
     assert any(not torch.equal(after[k], v) for k, v in module_of(build_learner(model_dir)).state_dict().items())
     for name, value in module_of(packed).state_dict().items():
         torch.testing.assert_close(value, after[name], atol=1e-5, rtol=0, msg=name)
+
+
+def batch_sampled_in_bfloat16(model_dir: str, learner: ARPOTorchLearner) -> dict[str, torch.Tensor]:
+    """``training_batch`` rows whose old log-probs are those of the same weights in bfloat16 (an
+    engine in bf16), where the learner computes in float32."""
+    from transformers import AutoModelForCausalLM
+
+    batch = training_batch(learner)
+    engine_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    with torch.no_grad():
+        engine_logprobs, _ = rl_module.sequence_logprobs(engine_model, batch)
+    batch["old_logprobs"] = torch.where(batch["loss_mask"] > 0, engine_logprobs, torch.zeros_like(engine_logprobs))
+    return batch
+
+
+@pytest.mark.parametrize("old_logprobs", ["engine", "learner"])
+def test_sampler_learner_mismatch_is_measured_and_learner_old_logprobs_start_at_ratio_1(model_dir, old_logprobs):
+    learner = build_learner(model_dir, old_logprobs=old_logprobs)
+    batch = batch_sampled_in_bfloat16(model_dir, learner)
+    trained = batch["loss_mask"] > 0
+    with torch.no_grad():
+        learner_logprobs = module_of(learner).forward_train(batch)["logprobs"]
+    difference = (learner_logprobs - batch["old_logprobs"])[trained]
+    assert float(difference.abs().max()) > 1e-3  # bf16 and float32 disagree
+
+    metrics = update(learner, batch)[DEFAULT_MODULE_ID]
+    log_rho = -difference.double()  # log pi_engine - log pi_learner on the engine's tokens: k3 of KL(engine || learner)
+    expected_kl = float((torch.exp(-log_rho) + log_rho - 1).mean())
+    assert metrics["logprob_mismatch_kl"].peek() == pytest.approx(expected_kl, rel=2e-2)  # float32 sums of ~1e-7
+    assert metrics["logprob_mismatch_max_abs"].peek() == pytest.approx(float(difference.abs().max()), rel=1e-5)
+    if old_logprobs == "learner":
+        assert metrics["first_ratio_max_deviation"].peek() == 0.0
+        assert metrics["first_ratio_std"].peek() == 0.0
+    else:
+        assert metrics["first_ratio_max_deviation"].peek() == pytest.approx(
+            float((torch.exp(difference) - 1).abs().max()), rel=1e-4
+        )
+
+
+def test_tis_weights_the_engine_tokens_by_the_learner_over_engine_ratio(model_dir):
+    learner = build_learner(model_dir, old_logprobs="learner", tis_cap=1.0)
+    batch = batch_sampled_in_bfloat16(model_dir, learner)
+    trained = batch["loss_mask"] > 0
+    with torch.no_grad():
+        learner_logprobs = module_of(learner).forward_train(batch)["logprobs"]
+    weights = torch.exp(learner_logprobs - batch["old_logprobs"]).clamp(max=1.0)[trained]
+
+    metrics = update(learner, batch)[DEFAULT_MODULE_ID]
+    assert metrics["tis_weight_mean"].peek() == pytest.approx(float(weights.mean()), rel=1e-5)
+    assert metrics["tis_truncated_fraction"].peek() == pytest.approx(float((weights >= 1.0).float().mean()), abs=1e-6)

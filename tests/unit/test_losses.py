@@ -217,3 +217,30 @@ def test_register_policy_loss(monkeypatch):
     assert loss.item() == pytest.approx(math.log(2))
     with pytest.raises(ValueError, match="already registered"):
         POLICY_LOSSES.register("ppo_clip")(reinforce)
+
+
+def test_truncated_importance_weights_are_capped_ratios_without_gradient():
+    old = torch.log(torch.tensor([[0.5, 1.0, 2.0, 4.0]])).requires_grad_()
+    weights = losses.truncated_importance_weights(old, torch.zeros(1, 4), cap=3.0)
+    assert torch.allclose(weights, torch.tensor([[0.5, 1.0, 2.0, 3.0]]))
+    assert not weights.requires_grad
+    with pytest.raises(ValueError, match="tis_cap must be >= 1, got 0.9"):
+        losses.truncated_importance_weights(old, torch.zeros(1, 4), cap=0.9)
+
+
+def test_tis_weights_each_tokens_policy_loss():
+    # r = 1 everywhere (logprobs = old), so l_t = -A_t; pi_old / pi_sampler = (0.5, 2, 4) -> w = (0.5, 2, 3)
+    old = torch.log(torch.tensor([[0.5, 2.0, 4.0]], dtype=torch.float64))
+    logprobs = old.clone().requires_grad_()
+    advantages = torch.tensor([[1.0, -2.0, 1.0]], dtype=torch.float64)
+    sampler = torch.zeros(1, 3, dtype=torch.float64)
+    loss, metrics = compute_policy_loss(
+        "ppo_clip", logprobs, old, advantages, torch.ones(1, 3), sampler_logprobs=sampler, tis_cap=3.0
+    )
+    assert float(loss.detach()) == pytest.approx((-0.5 * 1.0 + 2.0 * 2.0 - 3.0 * 1.0) / 3)
+    assert metrics["tis_weight_mean"] == pytest.approx((0.5 + 2.0 + 3.0) / 3)
+    assert metrics["tis_truncated_fraction"] == pytest.approx(1 / 3)
+    loss.backward()  # d l_t / d logprob_t = -w_t A_t r_t, token mean
+    assert torch.allclose(logprobs.grad, torch.tensor([[-0.5, 4.0, -3.0]], dtype=torch.float64) / 3)
+    with pytest.raises(ValueError, match="tis_cap needs sampler_logprobs"):
+        compute_policy_loss("ppo_clip", logprobs, old, advantages, torch.ones(1, 3), tis_cap=3.0)
