@@ -24,6 +24,10 @@ EXPORTED_METRICS: dict[str, tuple[tuple[str, ...], str]] = {
     "arpo_policy_loss": (("learners", "default_policy", "policy_loss"), "Policy loss of the update"),
     "arpo_clip_fraction": (("learners", "default_policy", "clip_fraction"), "Share of clipped tokens"),
     "arpo_approx_kl": (("learners", "default_policy", "approx_kl"), "KL(pi_old || pi_theta) estimate"),
+    "arpo_logprob_mismatch_kl": (
+        ("learners", "default_policy", "logprob_mismatch_kl"),
+        "KL(pi_engine || pi_learner) on the sampled tokens, before the update",
+    ),
     "arpo_grad_norm": (
         ("learners", "default_policy", "gradients_default_optimizer_global_norm"),
         "Global gradient norm before clipping",

@@ -4,7 +4,7 @@ and ARPO's hierarchical reward (arXiv 2507.19849, Sec. 3.4).
 The hierarchical reward of a response with ground truth ``y``::
 
     R = format_penalty                     if the response breaks the TIR format   (default -1)
-    R = S + r_M                            otherwise
+    R = w_S * S + r_M                      otherwise (w_S = correctness_weight, default 1)
     S   = correctness score of the extracted answer against y, in [0, 1]
           (token F1 or exact match for QA, 1/0 symbolic equivalence for math)
     r_M = multi_tool_bonus  if S > 0 and every tool in multi_tool_set was called at least once
@@ -324,6 +324,9 @@ class RewardSettings:
         "auto",
         "Correctness S: `auto` (token F1 for QA, math equivalence for math, as the reference), `em`, `f1`, `math`.",
     )
+    correctness_weight: float = setting(
+        1.0, "Weight of S in the reward; 0 leaves the format penalty and the shaping (pipeline checks: rl_sanity)."
+    )
     multi_tool_bonus: float = setting(0.1, "[r_M] added when S > 0 and every tool of `multi_tool_set` was called.")
     multi_tool_set: tuple[str, ...] = setting(
         ("search", "python"), "Tools that must all be used for r_M; empty: no bonus."
@@ -338,6 +341,8 @@ class RewardSettings:
     def __post_init__(self) -> None:
         if self.correctness not in ("auto", "em", "f1", "math"):
             raise ValueError(f"correctness must be one of auto, em, f1, math, got {self.correctness!r}")
+        if not self.correctness_weight >= 0:
+            raise ValueError(f"correctness_weight must be >= 0, got {self.correctness_weight!r}")
         if not 0.0 <= self.overlong_buffer_fraction <= 1.0 or self.overlong_penalty_factor < 0:
             raise ValueError(
                 "overlong_buffer_fraction must lie in [0, 1] and overlong_penalty_factor be >= 0, got "
@@ -398,7 +403,7 @@ def hierarchical_reward(
     required = settings.multi_tool_set
     used_all_tools = bool(required) and all(tool_calls.get(t, 0) >= 1 for t in required)
     bonus = settings.multi_tool_bonus if score > 0 and used_all_tools else 0.0
-    return RewardBreakdown(score + bonus, True, check.reason, score, bonus, answer)
+    return RewardBreakdown(settings.correctness_weight * score + bonus, True, check.reason, score, bonus, answer)
 
 
 def accuracy(breakdowns: Sequence[RewardBreakdown]) -> float:

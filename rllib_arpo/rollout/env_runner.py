@@ -155,12 +155,14 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         scores = score_trees(trees, examples, self.tokenizer, self.reward_settings, tuple(self.tools.tools))
         rewards = training_rewards(trees, scores, self.reward_settings, cfg.max_response_tokens)
         token_kl = [self.reference.token_kl(tree) for tree in trees] if self.reference else None
-        self._log_rollout_metrics(trees, scores, stats, time.perf_counter() - start)
+        self._log_rollout_metrics(trees, scores, rewards, stats, time.perf_counter() - start)
         version, pad = self.engine.weights_version, self.tokenizer.pad_token_id
         return RolloutBatch(trees, rewards, version, pad, self.worker_index or 0, self.position, token_kl)
 
-    def _log_rollout_metrics(self, trees, scores, stats, seconds: float) -> None:
-        """One value per metric and ``sample()`` call (window 1: the latest iteration)."""
+    def _log_rollout_metrics(self, trees, scores, trained_rewards, stats, seconds: float) -> None:
+        """One value per metric and ``sample()`` call (window 1: the latest iteration).
+        ``reward_mean`` is the hierarchical reward; ``trained_reward_mean`` the reward RL trains on
+        (with DAPO's overlong shaping, where it is on)."""
         flat = [score for tree_scores in scores for score in tree_scores]
         rewards = np.array([score.reward for score in flat])
         tool_calls = Counter()
@@ -172,6 +174,10 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         values = {
             "reward_mean": rewards.mean(),
             "reward_max": rewards.max(),
+            "trained_reward_mean": np.concatenate(trained_rewards).mean(),
+            "response_tokens_mean": np.mean(
+                [len(tree.trajectory_response_ids(i)) for tree in trees for i in range(tree.num_trajectories)]
+            ),
             "accuracy": accuracy(flat),
             "format_error_rate": np.mean([not score.format_ok for score in flat]),
             "branches": stats.branches,

@@ -288,6 +288,12 @@ def test_f1_partial_credit_and_the_bonus():
         tir("Frank Lowy AC"), "Frank Lowy", tool_calls=BOTH_TOOLS, settings=RewardSettings(correctness="em")
     )
     assert (em.correctness, em.bonus, em.reward) == (0.0, 0.0, 0.0)
+    weighted = hierarchical_reward(
+        tir("Frank Lowy AC"), "Frank Lowy", tool_calls=BOTH_TOOLS, settings=RewardSettings(correctness_weight=0.5)
+    )
+    assert (weighted.correctness, weighted.reward) == (pytest.approx(0.8), pytest.approx(0.5))  # 0.5 * 0.8 + 0.1
+    with pytest.raises(ValueError, match="correctness_weight must be >= 0, got -1"):
+        RewardSettings(correctness_weight=-1)
 
 
 def test_no_bonus_when_the_answer_is_wrong():
