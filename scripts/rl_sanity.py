@@ -38,7 +38,7 @@ SANITY_REWARD = {
 }
 ENGINE_OPTIONS = {
     "hf": {},
-    "vllm": {"gpu_memory_utilization": 0.15, "max_model_len": 2048, "block_size": 32},
+    "vllm": {"gpu_memory_utilization": 0.3, "max_model_len": 2048, "block_size": 32},
 }
 
 

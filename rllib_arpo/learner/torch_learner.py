@@ -310,13 +310,13 @@ class SamplerMismatch:
         mask = chunk["loss_mask"] > 0
         if not mask.any():
             return
-        sampler = chunk.get(SAMPLER_LOGPROBS, chunk["old_logprobs"])[mask]
-        learner = learner_logprobs[mask]
+        sampler = chunk.get(SAMPLER_LOGPROBS, chunk["old_logprobs"])[mask].double()
+        learner = learner_logprobs[mask].double()  # k3 of differences near 1e-7 cancels in float32
         self.kl_sum += float(kl_penalty(sampler, learner, "k3").sum())
         self.max_abs = max(self.max_abs, float((learner - sampler).abs().max()))
         self.tokens += int(mask.sum())
         if first:
-            ratio = torch.exp(learner - chunk["old_logprobs"][mask])
+            ratio = torch.exp(learner - chunk["old_logprobs"][mask].double())
             self.first_ratio_std = float(ratio.std(unbiased=False))
             self.first_ratio_max_deviation = float((ratio - 1).abs().max())
 
