@@ -29,10 +29,15 @@ def test_rllib_train_file_tiny_yaml_writes_tensorboard_and_metrics(tiny_policy_c
     last = results[-1]
     for key in ("reward_mean", "reward_max", "accuracy", "format_error_rate", "branches",
                 "entropy_change_after_tool", "trajectories_per_s", "generated_tokens_per_s",
-                "tool_calls_per_trajectory/search", "tool_calls_per_trajectory/python"):  # fmt: skip
+                "tool_calls_per_trajectory/search", "tool_calls_per_trajectory/python",
+                "trained_reward_mean", "response_tokens_mean"):  # fmt: skip
         assert key in last["env_runners"], key
-    for key in ("policy_loss", "clip_fraction", "approx_kl", "gradients_default_optimizer_global_norm"):
+    for key in ("policy_loss", "clip_fraction", "approx_kl", "gradients_default_optimizer_global_norm",
+                "logprob_mismatch_kl", "logprob_mismatch_max_abs", "first_ratio_std",
+                "first_ratio_max_deviation"):  # fmt: skip
         assert key in last["learners"]["default_policy"], key
+    # the HF engine samples with the learner's own float32 forward: they agree on every token
+    assert last["learners"]["default_policy"]["logprob_mismatch_max_abs"] < 1e-4
     assert last["weights_version"] == 2 and "weight_sync_s" in last
     assert list(result_files[0].parent.glob("events.out.tfevents.*")), "no TensorBoard event file"
     # the held-out split ran before the first update; the report table and plot were written

@@ -1,0 +1,27 @@
+"""Scripts the docs quote, run at their smallest size so they cannot rot unseen."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_rl_sanity_prints_its_curve_and_a_verdict(tiny_policy_cache):
+    env = {**os.environ, "RLLIB_ARPO_CACHE": str(tiny_policy_cache)}
+    command = [
+        sys.executable, str(REPO / "scripts" / "rl_sanity.py"), "--model", "tiny", "--engine", "hf",
+        "--iterations", "2", "--prompts", "2", "--rollouts", "4", "--max-response-tokens", "32",
+        "--min-gain-fraction", "-100",
+    ]  # fmt: skip
+    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    rows = re.findall(r"^\s+(\d+)\s+(-?[\d.]+)\s+([\d.]+)\s", completed.stdout, re.MULTILINE)
+    assert [int(row[0]) for row in rows] == [1, 2]
+    assert all(-1.0 <= float(reward) <= 0.0 for _, reward, _ in rows)  # R = -|y| / L
+    assert re.search(r"^PASS: reward -?[\d.]+ -> -?[\d.]+ \(maximum 0\)", completed.stdout, re.MULTILINE)
