@@ -22,6 +22,8 @@ The file has the classic tuned-example schema::
    fields ARPO uses (``RLLIB_FIELDS``), the model directory, ``engine_options`` against the
    chosen engine's constructor, the tools and their options, the datasets (loaded once), and
    RLlib's own ``validate``.
+3. checks that every ``stop`` key is a number some result holds (``check_stop``): Tune never
+   stops a trial on a key its results lack.
 
 Every problem raises ``ConfigError`` with one line that names the key, e.g.
 ``experiment 'arpo': tau: expected a number, got 'abc'``.
@@ -70,6 +72,21 @@ RLLIB_FIELDS: dict[str, tuple[Any, float | None]] = {
 """RLlib's own fields that ARPO reads: (type, smallest value). ``lr`` and ``grad_clip`` must be
 above their minimum, the others at least it."""
 _STRICTLY_ABOVE = {"lr", "grad_clip"}
+RESULT_VALUES = (
+    # Tune's
+    "training_iteration", "time_total_s", "time_this_iter_s", "time_since_restore", "iterations_since_restore",
+    "timestamp",
+    # RLlib's
+    "num_env_steps_sampled_lifetime", "num_env_steps_trained_lifetime", "num_episodes_lifetime",
+    "num_agent_steps_sampled_lifetime", "num_agent_steps_trained_lifetime", "num_training_step_calls_per_iteration",
+    # ARPO's (ARPO.training_step)
+    "weights_version", "trained_tokens", "learner_update_s", "weight_sync_s", "env_runner_restarts",
+    "dynamic_sampling_rounds", "dynamic_sampling_kept_fraction",
+)  # fmt: skip
+"""The numbers at the top level of an ARPO iteration's result: the keys ``stop`` may name."""
+RESULT_GROUPS = ("env_runners", "learners", "evaluation", "sampled", "timers", "fault_tolerance")
+"""The mappings at the top level of an iteration's result: ``stop`` may name a path into one,
+``env_runners/reward_mean``."""
 ENGINE_ARGUMENTS = {"self", "model", "model_path", "tokenizer", "dtype"}
 """Engine constructor arguments that come from other config fields, never from ``engine_options``."""
 
@@ -132,7 +149,30 @@ def load_experiments(
         experiment["config"] = config
         if stop_override:
             experiment["stop"] = stop_override
+        try:
+            check_stop(experiment.get("stop") or {})
+        except ConfigError as error:
+            raise ConfigError(f"experiment {name!r}: {error}") from None
     return experiments
+
+
+def check_stop(stop: Any) -> None:
+    """Tune stops a trial once a result value reaches its ``stop`` value, and never stops it on
+    a key that no result holds: each key must be one of ``RESULT_VALUES`` or a path into one of
+    ``RESULT_GROUPS`` (whose metric names are not checked: they depend on the tools and losses)."""
+    if not isinstance(stop, Mapping):
+        raise ConfigError(f"stop: expected a mapping of result key to value, got {stop!r}")
+    for key, value in stop.items():
+        head, slash, rest = str(key).partition("/")
+        known = RESULT_GROUPS if slash else RESULT_VALUES
+        if head not in known:
+            close = difflib.get_close_matches(head, known, n=1)
+            hint = f"did you mean {close[0] + slash + rest!r}? " if close else ""
+            raise ConfigError(
+                f"stop: {key!r} is not a result key, so it would never stop the trial ({hint}a stop key is one of "
+                f"{', '.join(RESULT_VALUES)}, or a path into {', '.join(RESULT_GROUPS)}, e.g. env_runners/reward_mean)"
+            )
+        _check_option_type(f"stop.{key}", value, float)
 
 
 # --- paths ------------------------------------------------------------------------------------

@@ -71,6 +71,48 @@ def test_the_error_names_the_key_from_the_file_too(tmp_path, capsys):
     assert "its options: device, max_batch_size, reuse_prefixes" in err
 
 
+@pytest.mark.parametrize(
+    "argument, value, message",
+    [
+        ("--stop", "[1, 2]", "argument --stop: expected a JSON object, got [1, 2]"),
+        ("--config", "[1]", "argument --config: expected a JSON object, got [1]"),
+        ("--config", "{lr: 1}", "argument --config: not valid JSON (Expecting property name enclosed in double quotes"),
+    ],
+)
+def test_a_json_argument_that_is_not_an_object_is_one_line(tmp_path, capsys, argument, value, message):
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "file", write(tmp_path, TINY), argument, value])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert err.startswith(f"rllib: error: {message}") and err.endswith(" (see rllib train file --help)\n")
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "stop, message",
+    [
+        ({"training_iterationn": 2}, "stop: 'training_iterationn' is not a result key, so it would never stop the "
+         "trial (did you mean 'training_iteration'? a stop key is one of training_iteration, time_total_s, "),
+        ({"env_runner/reward_mean": 1}, "stop: 'env_runner/reward_mean' is not a result key, so it would never stop "
+         "the trial (did you mean 'env_runners/reward_mean'? "),
+        ({"training_iteration": "2"}, "stop.training_iteration: expected a number, got '2'"),
+    ],
+)  # fmt: skip
+def test_a_stop_key_that_no_result_holds_is_one_line(tmp_path, capsys, stop, message):
+    path = write(tmp_path, TINY)
+    assert main(["train", "file", path, "--dry-run", "--stop", json.dumps(stop)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rllib: error: {path}: experiment 'x': {message}") and err.count("\n") == 1
+
+
+def test_stop_keys_of_results_and_paths_into_result_groups_are_accepted(tmp_path):
+    stop = {"training_iteration": 2, "env_runners/reward_mean": 0.9, "evaluation/accuracy": 0.5}
+    [experiment] = load_experiments(write(tmp_path, TINY), stop_override=stop).values()
+    assert experiment["stop"] == stop
+    with pytest.raises(ConfigError, match=r"experiment 'x': stop: expected a mapping of result key to value, got 3"):
+        load_experiments(write(tmp_path, TINY.replace("  config:", "  stop: 3\n  config:")))
+
+
 def test_relative_paths_resolve_against_the_file_then_the_launch_directory(tmp_path, monkeypatch):
     config_dir, launch_dir = tmp_path / "configs", tmp_path / "launch"
     (config_dir / "data").mkdir(parents=True)
