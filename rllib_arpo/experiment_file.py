@@ -22,8 +22,9 @@ The file has the classic tuned-example schema::
    fields ARPO uses (``RLLIB_FIELDS``), the model directory, ``engine_options`` against the
    chosen engine's constructor, the tools and their options, the datasets (loaded once), and
    RLlib's own ``validate``.
-3. checks that every ``stop`` key is a number some result holds (``check_stop``): Tune never
-   stops a trial on a key its results lack.
+3. checks ``checkpoint_config`` against ``tune.CheckpointConfig``, and that every ``stop`` key
+   is a number some result holds (``check_stop``): Tune never stops a trial on a key its
+   results lack.
 
 Every problem raises ``ConfigError`` with one line that names the key, e.g.
 ``experiment 'arpo': tau: expected a number, got 'abc'``.
@@ -151,6 +152,7 @@ def load_experiments(
             experiment["stop"] = stop_override
         try:
             check_stop(experiment.get("stop") or {})
+            check_checkpoint_config(experiment.get("checkpoint_config") or {})
         except ConfigError as error:
             raise ConfigError(f"experiment {name!r}: {error}") from None
     return experiments
@@ -173,6 +175,28 @@ def check_stop(stop: Any) -> None:
                 f"{', '.join(RESULT_VALUES)}, or a path into {', '.join(RESULT_GROUPS)}, e.g. env_runners/reward_mean)"
             )
         _check_option_type(f"stop.{key}", value, float)
+
+
+def check_checkpoint_config(options: Any) -> None:
+    """``checkpoint_config`` holds keyword arguments of ``tune.CheckpointConfig``, of its types."""
+    import dataclasses
+
+    from ray import tune
+
+    if not isinstance(options, Mapping):
+        raise ConfigError(f"checkpoint_config: expected a mapping, got {options!r}")
+    hints = typing.get_type_hints(tune.CheckpointConfig)
+    known = [f.name for f in dataclasses.fields(tune.CheckpointConfig) if not f.name.startswith("_")]
+    for key, value in options.items():
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigError(f"checkpoint_config: unknown key {key!r} ({hint}known: {', '.join(known)})")
+        _check_option_type(f"checkpoint_config.{key}", value, hints[key])
+    try:
+        tune.CheckpointConfig(**options)
+    except ValueError as error:
+        raise ConfigError(f"checkpoint_config: {error}") from None
 
 
 # --- paths ------------------------------------------------------------------------------------

@@ -113,6 +113,24 @@ def test_stop_keys_of_results_and_paths_into_result_groups_are_accepted(tmp_path
         load_experiments(write(tmp_path, TINY.replace("  config:", "  stop: 3\n  config:")))
 
 
+@pytest.mark.parametrize(
+    "checkpoint_config, message",
+    [
+        ("{checkpoint_frequncy: 2}", "checkpoint_config: unknown key 'checkpoint_frequncy' (did you mean "
+         "'checkpoint_frequency'? known: num_to_keep, checkpoint_score_attribute, checkpoint_score_order, "
+         "checkpoint_frequency, checkpoint_at_end)"),
+        ("{checkpoint_frequency: '2'}", "checkpoint_config.checkpoint_frequency: expected an integer or null, got '2'"),
+        ("{num_to_keep: 0}", "checkpoint_config: Received invalid num_to_keep: 0. Must be None or an integer >= 1."),
+        ("[1]", "checkpoint_config: expected a mapping, got [1]"),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
+def test_a_bad_checkpoint_config_is_one_line(tmp_path, capsys, checkpoint_config, message, dry_run):
+    path = write(tmp_path, TINY.replace("  config:", f"  checkpoint_config: {checkpoint_config}\n  config:"))
+    assert main(["train", "file", path, *dry_run]) == 2
+    assert capsys.readouterr().err == f"rllib: error: {path}: experiment 'x': {message}\n"
+
+
 def test_relative_paths_resolve_against_the_file_then_the_launch_directory(tmp_path, monkeypatch):
     config_dir, launch_dir = tmp_path / "configs", tmp_path / "launch"
     (config_dir / "data").mkdir(parents=True)
