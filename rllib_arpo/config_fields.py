@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS
-from rllib_arpo.core.losses import LOSS_AGGREGATIONS, POLICY_LOSSES
+from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, entropy_advantage_base_estimator
+from rllib_arpo.core.losses import LOSS_AGGREGATIONS, POLICY_LOSSES, check_dual_clip
 from rllib_arpo.core.registry import Registry
 from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.core.settings import setting
@@ -165,7 +165,9 @@ class LearningSettings:
     def __post_init__(self) -> None:
         _registered("advantage_estimator", ADVANTAGE_ESTIMATORS, self.advantage_estimator)
         _registered("entropy_advantage_base", ADVANTAGE_ESTIMATORS, self.entropy_advantage_base)
+        entropy_advantage_base_estimator(self.entropy_advantage_base)
         _registered("policy_loss", POLICY_LOSSES, self.policy_loss)
+        check_dual_clip(self.dual_clip, self.policy_loss)
         aggregation = _registered("loss_agg_mode", LOSS_AGGREGATIONS, self.loss_agg_mode)
         if self.token_sum_norm is not None and not aggregation.takes_token_sum_norm:
             raise ValueError(f"token_sum_norm applies to seq-mean-token-sum only, not {self.loss_agg_mode!r}")
@@ -174,8 +176,6 @@ class LearningSettings:
                 "clip_eps_low must lie in [0, 1) and clip_eps_high be >= 0, "
                 f"got {self.clip_eps_low}, {self.clip_eps_high}"
             )
-        if self.dual_clip is not None and not self.dual_clip > 1:
-            raise ValueError(f"dual_clip must be > 1 (or null), got {self.dual_clip!r}")
         if self.kl_kind not in KL_ESTIMATORS:
             raise ValueError(f"kl_kind must be one of {list(KL_ESTIMATORS)}, got {self.kl_kind!r}")
         _at_least(

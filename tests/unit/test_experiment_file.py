@@ -52,6 +52,12 @@ def write(directory: Path, text: str, name: str = "experiment.yaml") -> str:
         ({"beta": {"choice": [0.1, "y"]}}, "beta: expected a number, got 'y'"),
         ({"initial_rollouts": {"randint": [2, 2]}}, r"initial_rollouts: randint needs low < high, got [2, 2]"),
         ({"totl_rollouts": 4}, "unknown config key 'totl_rollouts' (did you mean total_rollouts"),
+        ({"policy_loss": "cispo", "dual_clip": 3.0}, "dual_clip applies to the clipped-surrogate losses; policy_loss"),
+        (
+            {"advantage_estimator": "aepo", "entropy_advantage_base": "arpo_hard"},
+            "entropy_advantage_base must be a full-row estimator (arpo_soft, dr_grpo, grpo, loop, reinforce_pp, rloo), "
+            "got 'arpo_hard'",
+        ),
     ],
 )
 def test_each_config_error_is_one_line_naming_the_key(tmp_path, capsys, override, message):

@@ -44,6 +44,16 @@ def test_core_imports_neither_ray_nor_transformers():
         ({"correctness": "bleu"}, "correctness must be one of"),
         ({"prompts_per_env_runner": 0}, "prompts_per_env_runner must be >= 1"),
         ({"dual_clip": 0.5}, "dual_clip must be > 1"),
+        (
+            {"policy_loss": "cispo", "dual_clip": 3.0},
+            r"dual_clip applies to the clipped-surrogate losses; policy_loss cispo bounds its importance weight "
+            r"already \(set dual_clip: null\)",
+        ),
+        (
+            {"advantage_estimator": "aepo", "entropy_advantage_base": "arpo_hard"},
+            r"entropy_advantage_base must be a full-row estimator \(arpo_soft, dr_grpo, grpo, loop, reinforce_pp, "
+            r"rloo\), got 'arpo_hard'",
+        ),
         ({"micro_batch_size": 0}, "micro_batch_size must be >= 1"),
         ({"model_path": None}, "model_path must name"),
         ({"tau": "abc"}, "tau: expected a number, got 'abc'"),
