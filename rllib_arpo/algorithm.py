@@ -33,7 +33,7 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, LEARNER_RESULTS
 
-from rllib_arpo.config_fields import CONFIG_GROUPS
+from rllib_arpo.config_fields import CONFIG_GROUPS, check_rllib_fields
 from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
 from rllib_arpo.core.settings import default_of, from_config
 from rllib_arpo.core.tree import SegmentKind
@@ -180,13 +180,14 @@ class ARPOConfig(AlgorithmConfig):
         }
 
     def validate(self) -> None:
-        super().validate()
         self._validate_arpo()
+        super().validate()
 
     def _validate_arpo(self) -> None:
-        """Build every field group (each checks its values), then the checks that hold for RL
-        training only."""
+        """RLlib's fields that ARPO reads (``config_fields.RLLIB_FIELDS``), every field group (each
+        checks its values), then the checks that hold for RL training only."""
         try:
+            check_rllib_fields(self)
             for group in CONFIG_GROUPS.values():
                 from_config(group, self)
             if not self.model_path:

@@ -19,7 +19,7 @@ The file has the classic tuned-example schema::
    directory, so every path a trial sees is absolute.
 2. checks every value of every trial the file describes (each search space's values once,
    ``trial_configs``), with ``check_config``: types and ranges of ARPO's fields (``config_fields``) and of the RLlib
-   fields ARPO uses (``RLLIB_FIELDS``), the model directory, ``engine_options`` against the
+   fields ARPO uses (``config_fields.RLLIB_FIELDS``), the model directory, ``engine_options`` against the
    chosen engine's constructor, the tools and their options, the datasets (loaded once), and
    RLlib's own ``validate``.
 3. checks ``checkpoint_config`` against ``tune.CheckpointConfig``, and that every ``stop`` key
@@ -55,24 +55,6 @@ PATH_KEY = re.compile(r"(?:^|_)(?:path|dir)$")
 """Config keys whose string values are file system paths: ``path``, ``model_path``,
 ``corpus_path``, ``index_cache_dir``, ..."""
 
-RLLIB_FIELDS: dict[str, tuple[Any, float | None]] = {
-    "lr": (float, 0.0),
-    "grad_clip": (float | None, 0.0),
-    "grad_clip_by": (str, None),
-    "num_epochs": (int, 1),
-    "minibatch_size": (int | None, 1),
-    "num_env_runners": (int, 0),
-    "num_learners": (int, 0),
-    "num_gpus_per_learner": (float, 0.0),
-    "num_cpus_per_learner": (float | str, 0.0),
-    "num_gpus_per_env_runner": (float, 0.0),
-    "num_cpus_per_env_runner": (float, 0.0),
-    "num_cpus_for_main_process": (float, 0.0),
-    "seed": (int | None, 0),
-}
-"""RLlib's own fields that ARPO reads: (type, smallest value). ``lr`` and ``grad_clip`` must be
-above their minimum, the others at least it."""
-_STRICTLY_ABOVE = {"lr", "grad_clip"}
 RESULT_VALUES = (
     # Tune's
     "training_iteration", "time_total_s", "time_this_iter_s", "time_since_restore", "iterations_since_restore",
@@ -273,12 +255,13 @@ def check_config(values: Mapping[str, Any], run: str = "ARPO"):
     (one trial, paths resolved) with every value checked (module docstring); ``ConfigError``
     names the first bad key."""
     from rllib_arpo.algorithm import TRAINABLES
-    from rllib_arpo.config_fields import CONFIG_GROUPS
+    from rllib_arpo.config_fields import CONFIG_GROUPS, check_rllib_fields
 
-    for key, (hint, minimum) in RLLIB_FIELDS.items():
-        if key in values:
-            _check_rllib_field(key, values[key], hint, minimum)
     config = TRAINABLES[run].get_default_config().update_from_dict(dict(values))
+    try:
+        check_rllib_fields(config)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     for group in CONFIG_GROUPS.values():
         try:
             from_config(group, config)
@@ -299,22 +282,6 @@ def check_config(values: Mapping[str, Any], run: str = "ARPO"):
     finally:
         rllib_logger.setLevel(level)
     return config
-
-
-def _check_rllib_field(key: str, value: Any, hint: Any, minimum: float | None) -> None:
-    if isinstance(value, str) and hint == float | str:
-        if value != "auto":
-            raise ConfigError(f"{key}: expected a number or 'auto', got {value!r}")
-        return
-    try:
-        check_type(key, value, hint)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-    if value is None or minimum is None:
-        return
-    if value < minimum or (key in _STRICTLY_ABOVE and value == minimum):
-        relation = ">" if key in _STRICTLY_ABOVE else ">="
-        raise ConfigError(f"{key} must be {relation} {minimum:g}, got {value!r}")
 
 
 def _naming_a_key(message: str, keys: Sequence[str]) -> str:

@@ -61,6 +61,11 @@ def test_core_imports_neither_ray_nor_transformers():
         ({"multi_tool_set": "search"}, "multi_tool_set: expected a list of strings, got 'search'"),
         ({"aepo_branch_penalty": -1.0}, "aepo_branch_penalty must be >= 0.0"),
         ({"early_children": "yes"}, "early_children: expected true or false or null, got 'yes'"),
+        ({"lr": 0}, "lr must be > 0, got 0"),
+        ({"lr": "fast"}, "lr: expected a number, got 'fast'"),
+        ({"grad_clip": 0.0}, "grad_clip must be > 0, got 0.0"),
+        ({"num_env_runners": -1}, "num_env_runners must be >= 0, got -1"),
+        ({"num_cpus_per_learner": "many"}, "num_cpus_per_learner: expected a number or 'auto', got 'many'"),
     ],
 )
 def test_config_validation_names_the_field(fields, message):
@@ -69,6 +74,13 @@ def test_config_validation_names_the_field(fields, message):
         setattr(config, key, value)
     with pytest.raises(ValueError, match="ARPOConfig: " + message):
         config._validate_arpo()
+
+
+def test_validate_checks_rllibs_own_fields_before_rllib_reads_them():
+    config = ARPOConfig().policy(model_path="tiny").training(lr=-1.0)
+    with pytest.raises(ValueError, match=r"^ARPOConfig: lr must be > 0, got -1.0$"):
+        config.validate()
+    ARPOConfig().policy(model_path="tiny").training(lr=1e-5).validate()
 
 
 def test_fluent_setters_reject_unknown_fields():
