@@ -19,7 +19,7 @@ from rllib_arpo.core.registry import Registry
 from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.core.settings import check_type, setting
 from rllib_arpo.learner.packing import PACKING_MODES
-from rllib_arpo.rollout.engine import ENGINES
+from rllib_arpo.rollout.engine import ENGINES, check_engine_options
 from rllib_arpo.rollout.settings import RolloutSettings
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
@@ -65,6 +65,7 @@ class PolicySettings:
 
     def __post_init__(self) -> None:
         _registered("engine", ENGINES, self.engine)
+        check_engine_options(self.engine, self.engine_options)
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {list(DTYPE_NAMES)}, got {self.dtype!r}")
 

@@ -70,8 +70,6 @@ RESULT_VALUES = (
 RESULT_GROUPS = ("env_runners", "learners", "evaluation", "sampled", "timers", "fault_tolerance")
 """The mappings at the top level of an iteration's result: ``stop`` may name a path into one,
 ``env_runners/reward_mean``."""
-ENGINE_ARGUMENTS = {"self", "model", "model_path", "tokenizer", "dtype"}
-"""Engine constructor arguments that come from other config fields, never from ``engine_options``."""
 
 
 def is_search_space(value: Any) -> bool:
@@ -270,7 +268,6 @@ def check_config(values: Mapping[str, Any], run: str = "ARPO"):
                 _naming_a_key(str(error), [f.name for f in group.__dataclass_fields__.values()])
             ) from None
     check_model_path(config.model_path)
-    check_engine_options(config.engine, config.engine_options)
     check_datasets_and_tools(config)
     rllib_logger = logging.getLogger("ray.rllib.algorithms.algorithm_config")
     level = rllib_logger.level
@@ -307,47 +304,12 @@ def check_model_path(model_path: str | None) -> None:
         )
 
 
-def engine_options_of(engine: str) -> tuple[dict[str, Any], frozenset[str]]:
-    """The options ``engine_options`` may hold for ``engine``: the constructor's own keyword
-    arguments with their types, and the names it passes on to the library underneath (vLLM's
-    ``EngineArgs`` fields) when it takes ``**kwargs``."""
-    from rllib_arpo.rollout.engine import ENGINES
-
-    engine_class = ENGINES.get(engine)()
-    parameters = inspect.signature(engine_class.__init__).parameters
-    hints = typing.get_type_hints(engine_class.__init__)
-    own = {name: hints.get(name, Any) for name in parameters if name not in ENGINE_ARGUMENTS}
-    own = {name: hint for name, hint in own.items() if parameters[name].kind is not inspect.Parameter.VAR_KEYWORD}
-    passed_on = frozenset()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        passed_on = frozenset(engine_class.passed_on_options()) - ENGINE_ARGUMENTS
-    return own, passed_on
-
-
 def _check_option_type(name: str, value: Any, annotation: Any) -> None:
     """``check_type`` for an option the experiment passes on, its error as a ``ConfigError``."""
     try:
         check_type(name, value, annotation)
     except ValueError as error:
         raise ConfigError(str(error)) from None
-
-
-def check_engine_options(engine: str, options: Mapping[str, Any]) -> None:
-    """Every key of ``engine_options`` must be an option of ``engine`` (of the right type)."""
-    if not options:
-        return
-    own, passed_on = engine_options_of(engine)
-    for key, value in options.items():
-        if key in own:
-            _check_option_type(f"engine_options.{key}", value, own[key])
-        elif key not in passed_on:
-            close = difflib.get_close_matches(key, [*own, *passed_on], n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ConfigError(
-                f"engine_options.{key}: not an option of engine {engine!r} ({hint}its options: {', '.join(own)}"
-                + (", and vLLM's engine arguments" if passed_on else "")
-                + ")"
-            )
 
 
 def check_datasets_and_tools(config) -> None:

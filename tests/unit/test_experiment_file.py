@@ -38,6 +38,7 @@ def write(directory: Path, text: str, name: str = "experiment.yaml") -> str:
         ({"total_rollouts": "8"}, "total_rollouts: expected an integer, got '8'"),
         ({"engine_options": {"gpu_memory_utilization": 0.5}}, "engine_options.gpu_memory_utilization: not an option"),
         ({"engine_options": {"max_batch_size": "big"}}, "engine_options.max_batch_size: expected an integer"),
+        ({"engine_options": {"max_batch_size": 0}}, "engine_options.max_batch_size must be at least 1, got 0"),
         ({"lr": "fast"}, "lr: expected a number, got 'fast'"),
         ({"lr": 0}, "lr must be > 0, got 0"),
         ({"num_env_runners": -1}, "num_env_runners must be >= 0, got -1"),
@@ -134,6 +135,16 @@ def test_stop_keys_of_results_and_paths_into_result_groups_are_accepted(tmp_path
 def test_a_bad_checkpoint_config_is_one_line(tmp_path, capsys, checkpoint_config, message, dry_run):
     path = write(tmp_path, TINY.replace("  config:", f"  checkpoint_config: {checkpoint_config}\n  config:"))
     assert main(["train", "file", path, *dry_run]) == 2
+    assert capsys.readouterr().err == f"rllib: error: {path}: experiment 'x': {message}\n"
+
+
+def test_an_engine_device_this_machine_lacks_is_one_line(tmp_path, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    path = write(tmp_path, TINY + "    engine_options: {device: cuda}\n")
+    assert main(["train", "file", path, "--dry-run"]) == 2
+    message = "engine_options.device: 'cuda', but torch finds no CUDA device on this machine"
     assert capsys.readouterr().err == f"rllib: error: {path}: experiment 'x': {message}\n"
 
 

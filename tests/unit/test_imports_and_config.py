@@ -61,6 +61,8 @@ def test_core_imports_neither_ray_nor_transformers():
         ({"multi_tool_set": "search"}, "multi_tool_set: expected a list of strings, got 'search'"),
         ({"aepo_branch_penalty": -1.0}, "aepo_branch_penalty must be >= 0.0"),
         ({"early_children": "yes"}, "early_children: expected true or false or null, got 'yes'"),
+        ({"engine_options": {"max_batch_size": 0}}, "engine_options.max_batch_size must be at least 1, got 0"),
+        ({"engine_options": {"colour": 1}}, r"engine_options.colour: not an option of engine 'hf'"),
         ({"lr": 0}, "lr must be > 0, got 0"),
         ({"lr": "fast"}, "lr: expected a number, got 'fast'"),
         ({"grad_clip": 0.0}, "grad_clip must be > 0, got 0.0"),
@@ -74,6 +76,19 @@ def test_config_validation_names_the_field(fields, message):
         setattr(config, key, value)
     with pytest.raises(ValueError, match="ARPOConfig: " + message):
         config._validate_arpo()
+
+
+def test_engine_options_are_checked_by_the_engine_class(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    config = ARPOConfig().policy(model_path="tiny", engine_options={"device": "cuda"})
+    message = "ARPOConfig: engine_options.device: 'cuda', but torch finds no CUDA device on this machine"
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        config.validate()
+    with pytest.raises(ValueError, match="^ARPOConfig: engine_options.device: Expected one of cpu, .* tpu$"):
+        config.policy(engine_options={"device": "tpu"})._validate_arpo()
+    config.policy(engine_options={"device": "cpu", "max_batch_size": 2}).validate()
 
 
 def test_validate_checks_rllibs_own_fields_before_rllib_reads_them():
