@@ -148,6 +148,15 @@ def test_an_engine_device_this_machine_lacks_is_one_line(tmp_path, capsys, monke
     assert capsys.readouterr().err == f"rllib: error: {path}: experiment 'x': {message}\n"
 
 
+def test_a_parquet_file_that_is_not_utf8_is_one_line_in_a_dry_run(tmp_path, capsys, non_utf8_parquet):
+    data = non_utf8_parquet(tmp_path / "train.parquet", "string")
+    path = write(tmp_path, TINY + f"    dataset: {{type: parquet, path: {data}}}\n")
+    assert main(["train", "file", path, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rllib: error: {path}: experiment 'x': dataset: {data}: column 'prompt' holds text that ")
+    assert err.count("\n") == 1
+
+
 def test_relative_paths_resolve_against_the_file_then_the_launch_directory(tmp_path, monkeypatch):
     config_dir, launch_dir = tmp_path / "configs", tmp_path / "launch"
     (config_dir / "data").mkdir(parents=True)
