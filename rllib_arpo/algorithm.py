@@ -41,6 +41,7 @@ from rllib_arpo.eval.evaluate import evaluate_env_runner
 from rllib_arpo.family import FAMILY
 from rllib_arpo.learner.checkpoint import POLICY_DIRECTORY, export_policy
 from rllib_arpo.learner.group import policy_weights, update_learners
+from rllib_arpo.learner.memory import check_batch_fits_in_memory
 from rllib_arpo.learner.packing import pad_rows
 from rllib_arpo.learner.rl_module import CausalLMModule
 from rllib_arpo.learner.rllib_compat import thawed
@@ -194,6 +195,7 @@ class ARPOConfig(AlgorithmConfig):
                 raise ValueError("model_path must name a save_pretrained directory (or 'tiny' for the embedded policy)")
             if not self.temperature > 0:
                 raise ValueError(f"temperature must be > 0 for RL sampling, got {self.temperature}")
+            check_batch_fits_in_memory(self)
             if self.weight_sync == "broadcast" and self.engine == "vllm" and not torch.cuda.is_available():
                 raise ValueError(
                     "weight_sync: broadcast with engine: vllm needs GPUs (vLLM's CPU backend cannot load weights in "

@@ -274,8 +274,10 @@ def check_config(values: Mapping[str, Any], run: str = "ARPO"):
     rllib_logger.setLevel(logging.ERROR)  # its "new API stack" notice is not a problem of the file
     try:
         config.validate()
-    except Exception as error:  # RLlib's own checks: ValueError, TypeError, ...
-        raise ConfigError(f"RLlib: {' '.join(str(error).split())}") from None
+    except Exception as error:  # ARPO's checks (ValueError), then RLlib's own: ValueError, TypeError, ...
+        message = " ".join(str(error).split())
+        ours = message.startswith("ARPOConfig: ")
+        raise ConfigError(message.removeprefix("ARPOConfig: ") if ours else f"RLlib: {message}") from None
     finally:
         rllib_logger.setLevel(level)
     return config

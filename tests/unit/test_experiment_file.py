@@ -157,6 +157,18 @@ def test_a_parquet_file_that_is_not_utf8_is_one_line_in_a_dry_run(tmp_path, caps
     assert err.count("\n") == 1
 
 
+def test_sizes_whose_batch_cannot_fit_in_memory_are_one_line(tmp_path, capsys, monkeypatch):
+    from rllib_arpo.learner import memory
+
+    monkeypatch.setattr(memory, "host_memory_bytes", lambda: 16 * memory.GIB)
+    path = write(tmp_path, TINY)
+    assert main(["train", "file", path, "--dry-run", "--config", '{"max_response_tokens": 1000000000}']) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rllib: error: {path}: experiment 'x': prompts_per_env_runner x max(num_env_runners, 1) x ")
+    assert err.endswith("= 4 x 1 x 16 x 1000000000 tokens: one iteration's padded training batch alone can take 1,907 "
+                        "GiB (32 bytes a token), more than this machine's 16 GiB of memory\n")  # fmt: skip
+
+
 def test_relative_paths_resolve_against_the_file_then_the_launch_directory(tmp_path, monkeypatch):
     config_dir, launch_dir = tmp_path / "configs", tmp_path / "launch"
     (config_dir / "data").mkdir(parents=True)

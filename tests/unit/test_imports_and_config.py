@@ -1,4 +1,5 @@
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -89,6 +90,23 @@ def test_engine_options_are_checked_by_the_engine_class(monkeypatch):
     with pytest.raises(ValueError, match="^ARPOConfig: engine_options.device: Expected one of cpu, .* tpu$"):
         config.policy(engine_options={"device": "tpu"})._validate_arpo()
     config.policy(engine_options={"device": "cpu", "max_batch_size": 2}).validate()
+
+
+def test_an_iteration_whose_batch_cannot_fit_in_memory_is_refused(monkeypatch):
+    from rllib_arpo.learner import memory
+
+    monkeypatch.setattr(memory, "host_memory_bytes", lambda: 16 * memory.GIB)
+    config = ARPOConfig().policy(model_path="tiny").rollouts(initial_rollouts=10**9, total_rollouts=10**9)
+    message = (
+        "ARPOConfig: prompts_per_env_runner x max(num_env_runners, 1) x total_rollouts x (max_prompt_tokens + "
+        "max_response_tokens) = 4 x 1 x 1000000000 x 512 tokens: one iteration's padded training batch alone can "
+        "take 61,035 GiB (32 bytes a token), more than this machine's 16 GiB of memory"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        config.validate()
+    # 64 prompts x 16 trajectories x (1024 + 4096) tokens: 160 MiB
+    config.rollouts(initial_rollouts=8, total_rollouts=16, max_response_tokens=4096)
+    config.data(prompts_per_env_runner=64, max_prompt_tokens=1024).validate()
 
 
 def test_validate_checks_rllibs_own_fields_before_rllib_reads_them():
