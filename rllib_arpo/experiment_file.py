@@ -60,14 +60,22 @@ RESULT_VALUES = (
     "training_iteration", "time_total_s", "time_this_iter_s", "time_since_restore", "iterations_since_restore",
     "timestamp",
     # RLlib's
-    "num_env_steps_sampled_lifetime", "num_env_steps_trained_lifetime", "num_episodes_lifetime",
-    "num_agent_steps_sampled_lifetime", "num_agent_steps_trained_lifetime", "num_training_step_calls_per_iteration",
+    "num_env_steps_sampled_lifetime", "num_training_step_calls_per_iteration",
     # ARPO's (ARPO.training_step)
     "weights_version", "trained_tokens", "learner_update_s", "weight_sync_s", "env_runner_restarts",
     "dynamic_sampling_rounds", "dynamic_sampling_kept_fraction",
 )  # fmt: skip
 """The numbers at the top level of an ARPO iteration's result: the keys ``stop`` may name."""
-RESULT_GROUPS = ("env_runners", "learners", "evaluation", "sampled", "timers", "fault_tolerance")
+RESULT_GROUPS = (
+    "env_runners",
+    "learners",
+    "evaluation",
+    "sampled",
+    "timers",
+    "fault_tolerance",
+    "env_runner_group",
+    "perf",
+)
 """The mappings at the top level of an iteration's result: ``stop`` may name a path into one,
 ``env_runners/reward_mean``."""
 
