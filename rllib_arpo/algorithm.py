@@ -47,6 +47,7 @@ from rllib_arpo.learner.rl_module import CausalLMModule
 from rllib_arpo.learner.rllib_compat import thawed
 from rllib_arpo.learner.torch_learner import ARPOTorchLearner
 from rllib_arpo.metrics_export import RayMetricsExporter
+from rllib_arpo.models.cache import check_model_path
 from rllib_arpo.rollout.env_runner import ARPOEnvRunner, DataPosition, RolloutBatch
 from rllib_arpo.weight_sync import broadcast, open_broadcast_group, send_through_object_store
 
@@ -191,8 +192,7 @@ class ARPOConfig(AlgorithmConfig):
             check_rllib_fields(self)
             for group in CONFIG_GROUPS.values():
                 from_config(group, self)
-            if not self.model_path:
-                raise ValueError("model_path must name a save_pretrained directory (or 'tiny' for the embedded policy)")
+            check_model_path(self.model_path)
             if not self.temperature > 0:
                 raise ValueError(f"temperature must be > 0 for RL sampling, got {self.temperature}")
             check_batch_fits_in_memory(self)

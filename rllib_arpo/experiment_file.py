@@ -15,7 +15,8 @@ The file has the classic tuned-example schema::
    against the file's own directory first, then the launch directory; the first place where the
    path exists wins. A missing input is an error; a missing ``*_dir`` (a cache to create) is
    placed in the launch directory. ``--config`` overrides from the command line resolve against the launch directory.
-   Named models (``model_path: tiny``) are left as they are. Tune runs trials in another working
+   Named models (``model_path: tiny``) and Hugging Face hub ids found nowhere as a path
+   (``model_path: Qwen/Qwen2.5-7B-Instruct``) are left as they are. Tune runs trials in another working
    directory, so every path a trial sees is absolute.
 2. checks every value of every trial the file describes (each search space's values once,
    ``trial_configs``), with ``check_config``: types and ranges of ARPO's fields (``config_fields``) and of the RLlib
@@ -190,7 +191,7 @@ def check_checkpoint_config(options: Any) -> None:
 # --- paths ------------------------------------------------------------------------------------
 def resolve_paths(values: Mapping[str, Any], bases: Sequence[Path], prefix: str = "") -> dict[str, Any]:
     """``values`` with every relative path (module docstring) made absolute against ``bases``."""
-    from rllib_arpo.models.cache import NAMED_MODELS
+    from rllib_arpo.models.cache import HUB_ID, NAMED_MODELS
 
     resolved = {}
     for key, value in values.items():
@@ -203,7 +204,12 @@ def resolve_paths(values: Mapping[str, Any], bases: Sequence[Path], prefix: str 
         elif isinstance(value, Mapping):
             resolved[key] = resolve_paths(value, bases, f"{where}.")
         elif isinstance(value, str) and PATH_KEY.search(key) and not (key == "model_path" and value in NAMED_MODELS):
-            resolved[key] = _resolve_path(where, value, bases, output=key.endswith("_dir"))
+            try:
+                resolved[key] = _resolve_path(where, value, bases, output=key.endswith("_dir"))
+            except ConfigError:
+                if not (key == "model_path" and HUB_ID.match(value)):
+                    raise
+                resolved[key] = value  # a Hugging Face hub id (models.cache.check_model_path)
         else:
             resolved[key] = value
     return resolved
@@ -275,7 +281,6 @@ def check_config(values: Mapping[str, Any], run: str = "ARPO"):
             raise ConfigError(
                 _naming_a_key(str(error), [f.name for f in group.__dataclass_fields__.values()])
             ) from None
-    check_model_path(config.model_path)
     check_datasets_and_tools(config)
     rllib_logger = logging.getLogger("ray.rllib.algorithms.algorithm_config")
     level = rllib_logger.level
@@ -300,18 +305,6 @@ def _naming_a_key(message: str, keys: Sequence[str]) -> str:
         return message
     key = found[0][1]
     return message if message.startswith(key) else f"{key}: {message}"
-
-
-def check_model_path(model_path: str | None) -> None:
-    from rllib_arpo.models.cache import NAMED_MODELS
-
-    if not model_path:
-        raise ConfigError(f"model_path: name a save_pretrained directory or one of {', '.join(NAMED_MODELS)}")
-    if model_path not in NAMED_MODELS and not (Path(model_path) / "config.json").is_file():
-        raise ConfigError(
-            f"model_path: {model_path!r} holds no config.json (a save_pretrained directory), "
-            f"and it is not one of {', '.join(NAMED_MODELS)}"
-        )
 
 
 def _check_option_type(name: str, value: Any, annotation: Any) -> None:

@@ -169,6 +169,37 @@ def test_sizes_whose_batch_cannot_fit_in_memory_are_one_line(tmp_path, capsys, m
                         "GiB (32 bytes a token), more than this machine's 16 GiB of memory\n")  # fmt: skip
 
 
+def test_a_hub_model_that_cannot_be_found_nor_downloaded_is_one_line(tmp_path, capsys, monkeypatch):
+    import huggingface_hub
+
+    def offline(repo_id, filename):
+        raise huggingface_hub.errors.LocalEntryNotFoundError("offline")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
+    path = write(tmp_path, TINY.replace("model_path: tiny", "model_path: Qwen/Qwen2.5-7B-Instruct"))
+    assert main(["train", "file", path, "--dry-run"]) == 2
+    assert capsys.readouterr().err == (
+        f"rllib: error: {path}: experiment 'x': model_path: 'Qwen/Qwen2.5-7B-Instruct' is not a local directory nor "
+        "one of tiny, smollm2-135m, and as a Hugging Face hub model it could not be found locally nor downloaded "
+        "(LocalEntryNotFoundError)\n"
+    )
+
+
+def test_a_dry_run_needs_only_the_models_config_json(tmp_path, capsys):
+    from transformers import LlamaConfig
+
+    model = tmp_path / "model"
+    LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4).save_pretrained(
+        model
+    )
+    path = write(tmp_path, TINY.replace("model_path: tiny", "model_path: model"))
+    assert main(["train", "file", path, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    skipped = "model_path holds no tokenizer (a config.json alone checks everything else)"
+    assert f"rows of 512 tokens (0, prompts not measured: {skipped}, + 512, max_response_tokens):" in out
+    assert out.endswith(f"== prompts ==\nskipped: {skipped}\n")
+
+
 def test_relative_paths_resolve_against_the_file_then_the_launch_directory(tmp_path, monkeypatch):
     config_dir, launch_dir = tmp_path / "configs", tmp_path / "launch"
     (config_dir / "data").mkdir(parents=True)

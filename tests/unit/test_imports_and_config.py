@@ -56,7 +56,7 @@ def test_core_imports_neither_ray_nor_transformers():
             r"rloo\), got 'arpo_hard'",
         ),
         ({"micro_batch_size": 0}, "micro_batch_size must be >= 1"),
-        ({"model_path": None}, "model_path must name"),
+        ({"model_path": None}, "model_path: name a save_pretrained directory, a Hugging Face hub model or one of tiny"),
         ({"tau": "abc"}, "tau: expected a number, got 'abc'"),
         ({"max_tool_calls": 2.5}, "max_tool_calls: expected an integer, got 2.5"),
         ({"multi_tool_set": "search"}, "multi_tool_set: expected a list of strings, got 'search'"),
@@ -72,7 +72,7 @@ def test_core_imports_neither_ray_nor_transformers():
     ],
 )
 def test_config_validation_names_the_field(fields, message):
-    config = ARPOConfig().policy(model_path="/some/model")
+    config = ARPOConfig().policy(model_path="tiny")
     for key, value in fields.items():
         setattr(config, key, value)
     with pytest.raises(ValueError, match="ARPOConfig: " + message):
@@ -107,6 +107,29 @@ def test_an_iteration_whose_batch_cannot_fit_in_memory_is_refused(monkeypatch):
     # 64 prompts x 16 trajectories x (1024 + 4096) tokens: 160 MiB
     config.rollouts(initial_rollouts=8, total_rollouts=16, max_response_tokens=4096)
     config.data(prompts_per_env_runner=64, max_prompt_tokens=1024).validate()
+
+
+def test_model_path_is_a_named_model_a_directory_or_a_hub_model_found_locally_or_downloaded(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    (tmp_path / "config.json").write_text("{}")  # a directory with config.json alone will do
+    ARPOConfig().policy(model_path=str(tmp_path)).validate()
+    with pytest.raises(ValueError, match=r"^ARPOConfig: model_path: '/no/model' holds no config.json \(a save_"):
+        ARPOConfig().policy(model_path="/no/model").validate()
+
+    def not_found(repo_id, filename):
+        assert (repo_id, filename) == ("Qwen/Qwen2.5-7B-Instruct", "config.json")
+        raise huggingface_hub.errors.LocalEntryNotFoundError("offline")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", not_found)
+    message = (
+        "ARPOConfig: model_path: 'Qwen/Qwen2.5-7B-Instruct' is not a local directory nor one of tiny, smollm2-135m, "
+        "and as a Hugging Face hub model it could not be found locally nor downloaded (LocalEntryNotFoundError)"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        ARPOConfig().policy(model_path="Qwen/Qwen2.5-7B-Instruct").validate()
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda repo_id, filename: str(tmp_path / filename))
+    ARPOConfig().policy(model_path="Qwen/Qwen2.5-7B-Instruct").validate()  # in the hub cache: passed through
 
 
 def test_validate_checks_rllibs_own_fields_before_rllib_reads_them():
