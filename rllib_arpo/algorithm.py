@@ -33,7 +33,7 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, LEARNER_RESULTS
 
-from rllib_arpo.config_fields import CONFIG_GROUPS
+from rllib_arpo.config_fields import CONFIG_GROUPS, check_rllib_fields
 from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
 from rllib_arpo.core.settings import default_of, from_config
 from rllib_arpo.core.tree import SegmentKind
@@ -41,11 +41,13 @@ from rllib_arpo.eval.evaluate import evaluate_env_runner
 from rllib_arpo.family import FAMILY
 from rllib_arpo.learner.checkpoint import POLICY_DIRECTORY, export_policy
 from rllib_arpo.learner.group import policy_weights, update_learners
+from rllib_arpo.learner.memory import check_batch_fits_in_memory
 from rllib_arpo.learner.packing import pad_rows
 from rllib_arpo.learner.rl_module import CausalLMModule
 from rllib_arpo.learner.rllib_compat import thawed
 from rllib_arpo.learner.torch_learner import ARPOTorchLearner
 from rllib_arpo.metrics_export import RayMetricsExporter
+from rllib_arpo.models.cache import check_model_path
 from rllib_arpo.rollout.env_runner import ARPOEnvRunner, DataPosition, RolloutBatch
 from rllib_arpo.weight_sync import broadcast, open_broadcast_group, send_through_object_store
 
@@ -180,19 +182,20 @@ class ARPOConfig(AlgorithmConfig):
         }
 
     def validate(self) -> None:
-        super().validate()
         self._validate_arpo()
+        super().validate()
 
     def _validate_arpo(self) -> None:
-        """Build every field group (each checks its values), then the checks that hold for RL
-        training only."""
+        """RLlib's fields that ARPO reads (``config_fields.RLLIB_FIELDS``), every field group (each
+        checks its values), then the checks that hold for RL training only."""
         try:
+            check_rllib_fields(self)
             for group in CONFIG_GROUPS.values():
                 from_config(group, self)
-            if not self.model_path:
-                raise ValueError("model_path must name a save_pretrained directory (or 'tiny' for the embedded policy)")
+            check_model_path(self.model_path)
             if not self.temperature > 0:
                 raise ValueError(f"temperature must be > 0 for RL sampling, got {self.temperature}")
+            check_batch_fits_in_memory(self)
             if self.weight_sync == "broadcast" and self.engine == "vllm" and not torch.cuda.is_available():
                 raise ValueError(
                     "weight_sync: broadcast with engine: vllm needs GPUs (vLLM's CPU backend cannot load weights in "

@@ -254,15 +254,34 @@ def cold_start(args: argparse.Namespace) -> int:
     return 0
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose errors are one line, ``rllib: error: ...``, as every other
+    input error of the command is."""
+
+    def error(self, message: str):
+        self.exit(2, f"rllib: error: {message} (see {self.prog} --help)\n")
+
+
+def json_object(text: str) -> dict:
+    """The value of ``--stop`` or ``--config``: a JSON object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({error}): {text}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rllib", description="Train ARPO and its baselines with Ray RLlib.")
+    parser = OneLineParser(prog="rllib", description="Train ARPO and its baselines with Ray RLlib.")
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="train an algorithm")
     train_sources = train.add_subparsers(dest="source", required=True)
     from_file = train_sources.add_parser("file", help="train from a tuned-example YAML file")
     from_file.add_argument("config_file")
-    from_file.add_argument("--stop", type=json.loads, help="JSON stop criteria, e.g. '{\"training_iteration\": 2}'")
-    from_file.add_argument("--config", type=json.loads, help="JSON config overrides, e.g. '{\"lr\": 1e-4}'")
+    from_file.add_argument("--stop", type=json_object, help="JSON stop criteria, e.g. '{\"training_iteration\": 2}'")
+    from_file.add_argument("--config", type=json_object, help="JSON config overrides, e.g. '{\"lr\": 1e-4}'")
     from_file.add_argument("--storage-path", help="where Tune writes results (default ~/ray_results)")
     from_file.add_argument(
         "--resume",
@@ -282,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluation.add_argument("--experiment", help="take engine, tools, rollout and reward settings from this file")
     evaluation.add_argument("--experiment-name", help="which experiment of the file (default: the first)")
-    evaluation.add_argument("--config", type=json.loads, help="JSON config overrides")
+    evaluation.add_argument("--config", type=json_object, help="JSON config overrides")
     evaluation.add_argument("--samples", type=int, default=4, help="samples per question (n)")
     evaluation.add_argument("--k", type=int, nargs="*", help="pass@k for these k (default: n)")
     evaluation.add_argument("--temperature", type=float, default=0.6)

@@ -13,13 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS
-from rllib_arpo.core.losses import LOSS_AGGREGATIONS, POLICY_LOSSES
+from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, entropy_advantage_base_estimator
+from rllib_arpo.core.losses import LOSS_AGGREGATIONS, POLICY_LOSSES, check_dual_clip
 from rllib_arpo.core.registry import Registry
 from rllib_arpo.core.rewards import RewardSettings
-from rllib_arpo.core.settings import setting
+from rllib_arpo.core.settings import check_type, setting
 from rllib_arpo.learner.packing import PACKING_MODES
-from rllib_arpo.rollout.engine import ENGINES
+from rllib_arpo.rollout.engine import ENGINES, check_engine_options
 from rllib_arpo.rollout.settings import RolloutSettings
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
@@ -66,6 +66,7 @@ class PolicySettings:
 
     def __post_init__(self) -> None:
         _registered("engine", ENGINES, self.engine)
+        check_engine_options(self.engine, self.engine_options)
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {list(DTYPE_NAMES)}, got {self.dtype!r}")
 
@@ -177,7 +178,9 @@ class LearningSettings:
     def __post_init__(self) -> None:
         _registered("advantage_estimator", ADVANTAGE_ESTIMATORS, self.advantage_estimator)
         _registered("entropy_advantage_base", ADVANTAGE_ESTIMATORS, self.entropy_advantage_base)
+        entropy_advantage_base_estimator(self.entropy_advantage_base)
         _registered("policy_loss", POLICY_LOSSES, self.policy_loss)
+        check_dual_clip(self.dual_clip, self.policy_loss)
         aggregation = _registered("loss_agg_mode", LOSS_AGGREGATIONS, self.loss_agg_mode)
         if self.token_sum_norm is not None and not aggregation.takes_token_sum_norm:
             raise ValueError(f"token_sum_norm applies to seq-mean-token-sum only, not {self.loss_agg_mode!r}")
@@ -186,8 +189,6 @@ class LearningSettings:
                 "clip_eps_low must lie in [0, 1) and clip_eps_high be >= 0, "
                 f"got {self.clip_eps_low}, {self.clip_eps_high}"
             )
-        if self.dual_clip is not None and not self.dual_clip > 1:
-            raise ValueError(f"dual_clip must be > 1 (or null), got {self.dual_clip!r}")
         if self.old_logprobs not in OLD_LOGPROB_SOURCES:
             raise ValueError(f"old_logprobs must be one of {list(OLD_LOGPROB_SOURCES)}, got {self.old_logprobs!r}")
         if self.tis_cap is not None:
@@ -277,6 +278,43 @@ class LearnerSettings:
             raise ValueError(f"zero_stage must be one of {list(ZERO_STAGES)}, got {self.zero_stage!r}")
         if self.logprob_chunk_size is not None:
             _at_least({"logprob_chunk_size": (self.logprob_chunk_size, 1)})
+
+
+RLLIB_FIELDS: dict[str, tuple[Any, float | None]] = {
+    "lr": (float, 0.0),
+    "grad_clip": (float | None, 0.0),
+    "grad_clip_by": (str, None),
+    "num_epochs": (int, 1),
+    "minibatch_size": (int | None, 1),
+    "num_env_runners": (int, 0),
+    "num_learners": (int, 0),
+    "num_gpus_per_learner": (float, 0.0),
+    "num_cpus_per_learner": (float | str, 0.0),
+    "num_gpus_per_env_runner": (float, 0.0),
+    "num_cpus_per_env_runner": (float, 0.0),
+    "num_cpus_for_main_process": (float, 0.0),
+    "seed": (int | None, 0),
+}
+"""RLlib's own fields that ARPO reads, which RLlib's ``validate`` does not check: (type, smallest
+value). ``lr`` and ``grad_clip`` must be above their minimum, the others at least it;
+``num_cpus_per_learner`` may also be ``auto``."""
+_STRICTLY_ABOVE = {"lr", "grad_clip"}
+
+
+def check_rllib_fields(config: Any) -> None:
+    """The type and range of each of ``RLLIB_FIELDS`` in ``config``; a ValueError names the field."""
+    for key, (hint, minimum) in RLLIB_FIELDS.items():
+        value = getattr(config, key)
+        if isinstance(value, str) and hint == float | str:
+            if value != "auto":
+                raise ValueError(f"{key}: expected a number or 'auto', got {value!r}")
+            continue
+        check_type(key, value, hint)
+        if value is None or minimum is None:
+            continue
+        if value < minimum or (key in _STRICTLY_ABOVE and value == minimum):
+            relation = ">" if key in _STRICTLY_ABOVE else ">="
+            raise ValueError(f"{key} must be {relation} {minimum:g}, got {value!r}")
 
 
 CONFIG_GROUPS: dict[str, type] = {

@@ -17,6 +17,9 @@ with ``dry_run_section("title")``:
   reads them, special tokens included, decoded from the token ids it is given; control
   characters other than newlines and tabs are shown as ``\\xNN`` (the reference prompt's
   backspace in a mangled ``\\boxed`` reads ``\\x08oxed``).
+
+A model directory with a ``config.json`` alone (no weights, no tokenizer) will do: the prompts
+are then neither measured (the learner memory counts the response alone) nor shown.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ PROMPTS_SHOWN = 2
 """Training prompts the ``prompts`` section prints (the first ones EnvRunner 1 rolls out)."""
 PROMPTS_MEASURED = 256
 """Training prompts the ``learner memory`` section measures when ``max_prompt_tokens`` is unset."""
+NO_TOKENIZER = "model_path holds no tokenizer (a config.json alone checks everything else)"
 
 
 @dataclass(frozen=True)
@@ -118,10 +122,13 @@ def learner_memory_section(planned: PlannedExperiment) -> str:
     from rllib_arpo.learner.memory import learner_memory_of_config
 
     config = planned.config
+    tokenizer = None if config.max_prompt_tokens else model_tokenizer(config)
     if config.max_prompt_tokens:
         prompt_tokens, prompt_source = config.max_prompt_tokens, "max_prompt_tokens"
+    elif tokenizer is None:
+        prompt_tokens, prompt_source = 0, f"prompts not measured: {NO_TOKENIZER}"
     else:
-        prompt_tokens = _longest_prompt(config, PROMPTS_MEASURED)
+        prompt_tokens = _longest_prompt(config, tokenizer, PROMPTS_MEASURED)
         prompt_source = f"the longest of the first {PROMPTS_MEASURED} training prompts"
     length = prompt_tokens + config.max_response_tokens
     layout = config.learner_backend + (f" ZeRO-{config.zero_stage}" if config.learner_backend == "deepspeed" else "")
@@ -141,28 +148,36 @@ def learner_memory_section(planned: PlannedExperiment) -> str:
     )
 
 
-def _longest_prompt(config: Any, count: int) -> int:
+def model_tokenizer(config: Any):
+    """The tokenizer of ``config.model_path``, or None where the model directory holds none (every
+    other check needs its ``config.json`` only)."""
     from transformers import AutoTokenizer
 
-    from rllib_arpo.data.datasets import load_dataset
-    from rllib_arpo.data.prompts import encode_prompt
     from rllib_arpo.models.cache import resolve_model_path
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.model_path))
+    try:
+        return AutoTokenizer.from_pretrained(resolve_model_path(config.model_path))
+    except (OSError, ValueError):
+        return None
+
+
+def _longest_prompt(config: Any, tokenizer, count: int) -> int:
+    from rllib_arpo.data.datasets import load_dataset
+    from rllib_arpo.data.prompts import encode_prompt
+
     return max(len(encode_prompt(tokenizer, example)) for example in load_dataset(config.dataset)[:count])
 
 
 @dry_run_section("prompts")
 def prompts_section(planned: PlannedExperiment) -> str:
-    from transformers import AutoTokenizer
-
     from rllib_arpo.data.datasets import PromptStream, load_dataset
     from rllib_arpo.data.prompts import encode_prompt, render_prompt
     from rllib_arpo.eval.evaluate import held_out_examples
-    from rllib_arpo.models.cache import resolve_model_path
 
     config = planned.config
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.model_path))
+    tokenizer = model_tokenizer(config)
+    if tokenizer is None:
+        return f"skipped: {NO_TOKENIZER}"
     stream = PromptStream(
         load_dataset(config.dataset), seed=config.seed or 0, index=0, count=max(config.num_env_runners, 1)
     )

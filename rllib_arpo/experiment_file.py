@@ -15,13 +15,17 @@ The file has the classic tuned-example schema::
    against the file's own directory first, then the launch directory; the first place where the
    path exists wins. A missing input is an error; a missing ``*_dir`` (a cache to create) is
    placed in the launch directory. ``--config`` overrides from the command line resolve against the launch directory.
-   Named models (``model_path: tiny``) are left as they are. Tune runs trials in another working
+   Named models (``model_path: tiny``) and Hugging Face hub ids found nowhere as a path
+   (``model_path: Qwen/Qwen2.5-7B-Instruct``) are left as they are. Tune runs trials in another working
    directory, so every path a trial sees is absolute.
 2. checks every value of every trial the file describes (each search space's values once,
    ``trial_configs``), with ``check_config``: types and ranges of ARPO's fields (``config_fields``) and of the RLlib
-   fields ARPO uses (``RLLIB_FIELDS``), the model directory, ``engine_options`` against the
+   fields ARPO uses (``config_fields.RLLIB_FIELDS``), the model directory, ``engine_options`` against the
    chosen engine's constructor, the tools and their options, the datasets (loaded once), and
    RLlib's own ``validate``.
+3. checks ``checkpoint_config`` against ``tune.CheckpointConfig``, and that every ``stop`` key
+   is a number some result holds (``check_stop``): Tune never stops a trial on a key its
+   results lack.
 
 Every problem raises ``ConfigError`` with one line that names the key, e.g.
 ``experiment 'arpo': tau: expected a number, got 'abc'``.
@@ -52,26 +56,29 @@ PATH_KEY = re.compile(r"(?:^|_)(?:path|dir)$")
 """Config keys whose string values are file system paths: ``path``, ``model_path``,
 ``corpus_path``, ``index_cache_dir``, ..."""
 
-RLLIB_FIELDS: dict[str, tuple[Any, float | None]] = {
-    "lr": (float, 0.0),
-    "grad_clip": (float | None, 0.0),
-    "grad_clip_by": (str, None),
-    "num_epochs": (int, 1),
-    "minibatch_size": (int | None, 1),
-    "num_env_runners": (int, 0),
-    "num_learners": (int, 0),
-    "num_gpus_per_learner": (float, 0.0),
-    "num_cpus_per_learner": (float | str, 0.0),
-    "num_gpus_per_env_runner": (float, 0.0),
-    "num_cpus_per_env_runner": (float, 0.0),
-    "num_cpus_for_main_process": (float, 0.0),
-    "seed": (int | None, 0),
-}
-"""RLlib's own fields that ARPO reads: (type, smallest value). ``lr`` and ``grad_clip`` must be
-above their minimum, the others at least it."""
-_STRICTLY_ABOVE = {"lr", "grad_clip"}
-ENGINE_ARGUMENTS = {"self", "model", "model_path", "tokenizer", "dtype"}
-"""Engine constructor arguments that come from other config fields, never from ``engine_options``."""
+RESULT_VALUES = (
+    # Tune's
+    "training_iteration", "time_total_s", "time_this_iter_s", "time_since_restore", "iterations_since_restore",
+    "timestamp",
+    # RLlib's
+    "num_env_steps_sampled_lifetime", "num_training_step_calls_per_iteration",
+    # ARPO's (ARPO.training_step)
+    "weights_version", "trained_tokens", "learner_update_s", "weight_sync_s", "env_runner_restarts",
+    "dynamic_sampling_rounds", "dynamic_sampling_kept_fraction",
+)  # fmt: skip
+"""The numbers at the top level of an ARPO iteration's result: the keys ``stop`` may name."""
+RESULT_GROUPS = (
+    "env_runners",
+    "learners",
+    "evaluation",
+    "sampled",
+    "timers",
+    "fault_tolerance",
+    "env_runner_group",
+    "perf",
+)
+"""The mappings at the top level of an iteration's result: ``stop`` may name a path into one,
+``env_runners/reward_mean``."""
 
 
 def is_search_space(value: Any) -> bool:
@@ -132,13 +139,59 @@ def load_experiments(
         experiment["config"] = config
         if stop_override:
             experiment["stop"] = stop_override
+        try:
+            check_stop(experiment.get("stop") or {})
+            check_checkpoint_config(experiment.get("checkpoint_config") or {})
+        except ConfigError as error:
+            raise ConfigError(f"experiment {name!r}: {error}") from None
     return experiments
+
+
+def check_stop(stop: Any) -> None:
+    """Tune stops a trial once a result value reaches its ``stop`` value, and never stops it on
+    a key that no result holds: each key must be one of ``RESULT_VALUES`` or a path into one of
+    ``RESULT_GROUPS`` (whose metric names are not checked: they depend on the tools and losses)."""
+    if not isinstance(stop, Mapping):
+        raise ConfigError(f"stop: expected a mapping of result key to value, got {stop!r}")
+    for key, value in stop.items():
+        head, slash, rest = str(key).partition("/")
+        known = RESULT_GROUPS if slash else RESULT_VALUES
+        if head not in known:
+            close = difflib.get_close_matches(head, known, n=1)
+            hint = f"did you mean {close[0] + slash + rest!r}? " if close else ""
+            raise ConfigError(
+                f"stop: {key!r} is not a result key, so it would never stop the trial ({hint}a stop key is one of "
+                f"{', '.join(RESULT_VALUES)}, or a path into {', '.join(RESULT_GROUPS)}, e.g. env_runners/reward_mean)"
+            )
+        _check_option_type(f"stop.{key}", value, float)
+
+
+def check_checkpoint_config(options: Any) -> None:
+    """``checkpoint_config`` holds keyword arguments of ``tune.CheckpointConfig``, of its types."""
+    import dataclasses
+
+    from ray import tune
+
+    if not isinstance(options, Mapping):
+        raise ConfigError(f"checkpoint_config: expected a mapping, got {options!r}")
+    hints = typing.get_type_hints(tune.CheckpointConfig)
+    known = [f.name for f in dataclasses.fields(tune.CheckpointConfig) if not f.name.startswith("_")]
+    for key, value in options.items():
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigError(f"checkpoint_config: unknown key {key!r} ({hint}known: {', '.join(known)})")
+        _check_option_type(f"checkpoint_config.{key}", value, hints[key])
+    try:
+        tune.CheckpointConfig(**options)
+    except ValueError as error:
+        raise ConfigError(f"checkpoint_config: {error}") from None
 
 
 # --- paths ------------------------------------------------------------------------------------
 def resolve_paths(values: Mapping[str, Any], bases: Sequence[Path], prefix: str = "") -> dict[str, Any]:
     """``values`` with every relative path (module docstring) made absolute against ``bases``."""
-    from rllib_arpo.models.cache import NAMED_MODELS
+    from rllib_arpo.models.cache import HUB_ID, NAMED_MODELS
 
     resolved = {}
     for key, value in values.items():
@@ -151,7 +204,12 @@ def resolve_paths(values: Mapping[str, Any], bases: Sequence[Path], prefix: str 
         elif isinstance(value, Mapping):
             resolved[key] = resolve_paths(value, bases, f"{where}.")
         elif isinstance(value, str) and PATH_KEY.search(key) and not (key == "model_path" and value in NAMED_MODELS):
-            resolved[key] = _resolve_path(where, value, bases, output=key.endswith("_dir"))
+            try:
+                resolved[key] = _resolve_path(where, value, bases, output=key.endswith("_dir"))
+            except ConfigError:
+                if not (key == "model_path" and HUB_ID.match(value)):
+                    raise
+                resolved[key] = value  # a Hugging Face hub id (models.cache.check_model_path)
         else:
             resolved[key] = value
     return resolved
@@ -209,12 +267,13 @@ def check_config(values: Mapping[str, Any], run: str = "ARPO"):
     (one trial, paths resolved) with every value checked (module docstring); ``ConfigError``
     names the first bad key."""
     from rllib_arpo.algorithm import TRAINABLES
-    from rllib_arpo.config_fields import CONFIG_GROUPS
+    from rllib_arpo.config_fields import CONFIG_GROUPS, check_rllib_fields
 
-    for key, (hint, minimum) in RLLIB_FIELDS.items():
-        if key in values:
-            _check_rllib_field(key, values[key], hint, minimum)
     config = TRAINABLES[run].get_default_config().update_from_dict(dict(values))
+    try:
+        check_rllib_fields(config)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     for group in CONFIG_GROUPS.values():
         try:
             from_config(group, config)
@@ -222,35 +281,19 @@ def check_config(values: Mapping[str, Any], run: str = "ARPO"):
             raise ConfigError(
                 _naming_a_key(str(error), [f.name for f in group.__dataclass_fields__.values()])
             ) from None
-    check_model_path(config.model_path)
-    check_engine_options(config.engine, config.engine_options)
     check_datasets_and_tools(config)
     rllib_logger = logging.getLogger("ray.rllib.algorithms.algorithm_config")
     level = rllib_logger.level
     rllib_logger.setLevel(logging.ERROR)  # its "new API stack" notice is not a problem of the file
     try:
         config.validate()
-    except Exception as error:  # RLlib's own checks: ValueError, TypeError, ...
-        raise ConfigError(f"RLlib: {' '.join(str(error).split())}") from None
+    except Exception as error:  # ARPO's checks (ValueError), then RLlib's own: ValueError, TypeError, ...
+        message = " ".join(str(error).split())
+        ours = message.startswith("ARPOConfig: ")
+        raise ConfigError(message.removeprefix("ARPOConfig: ") if ours else f"RLlib: {message}") from None
     finally:
         rllib_logger.setLevel(level)
     return config
-
-
-def _check_rllib_field(key: str, value: Any, hint: Any, minimum: float | None) -> None:
-    if isinstance(value, str) and hint == float | str:
-        if value != "auto":
-            raise ConfigError(f"{key}: expected a number or 'auto', got {value!r}")
-        return
-    try:
-        check_type(key, value, hint)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-    if value is None or minimum is None:
-        return
-    if value < minimum or (key in _STRICTLY_ABOVE and value == minimum):
-        relation = ">" if key in _STRICTLY_ABOVE else ">="
-        raise ConfigError(f"{key} must be {relation} {minimum:g}, got {value!r}")
 
 
 def _naming_a_key(message: str, keys: Sequence[str]) -> str:
@@ -264,59 +307,12 @@ def _naming_a_key(message: str, keys: Sequence[str]) -> str:
     return message if message.startswith(key) else f"{key}: {message}"
 
 
-def check_model_path(model_path: str | None) -> None:
-    from rllib_arpo.models.cache import NAMED_MODELS
-
-    if not model_path:
-        raise ConfigError(f"model_path: name a save_pretrained directory or one of {', '.join(NAMED_MODELS)}")
-    if model_path not in NAMED_MODELS and not (Path(model_path) / "config.json").is_file():
-        raise ConfigError(
-            f"model_path: {model_path!r} holds no config.json (a save_pretrained directory), "
-            f"and it is not one of {', '.join(NAMED_MODELS)}"
-        )
-
-
-def engine_options_of(engine: str) -> tuple[dict[str, Any], frozenset[str]]:
-    """The options ``engine_options`` may hold for ``engine``: the constructor's own keyword
-    arguments with their types, and the names it passes on to the library underneath (vLLM's
-    ``EngineArgs`` fields) when it takes ``**kwargs``."""
-    from rllib_arpo.rollout.engine import ENGINES
-
-    engine_class = ENGINES.get(engine)()
-    parameters = inspect.signature(engine_class.__init__).parameters
-    hints = typing.get_type_hints(engine_class.__init__)
-    own = {name: hints.get(name, Any) for name in parameters if name not in ENGINE_ARGUMENTS}
-    own = {name: hint for name, hint in own.items() if parameters[name].kind is not inspect.Parameter.VAR_KEYWORD}
-    passed_on = frozenset()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        passed_on = frozenset(engine_class.passed_on_options()) - ENGINE_ARGUMENTS
-    return own, passed_on
-
-
 def _check_option_type(name: str, value: Any, annotation: Any) -> None:
     """``check_type`` for an option the experiment passes on, its error as a ``ConfigError``."""
     try:
         check_type(name, value, annotation)
     except ValueError as error:
         raise ConfigError(str(error)) from None
-
-
-def check_engine_options(engine: str, options: Mapping[str, Any]) -> None:
-    """Every key of ``engine_options`` must be an option of ``engine`` (of the right type)."""
-    if not options:
-        return
-    own, passed_on = engine_options_of(engine)
-    for key, value in options.items():
-        if key in own:
-            _check_option_type(f"engine_options.{key}", value, own[key])
-        elif key not in passed_on:
-            close = difflib.get_close_matches(key, [*own, *passed_on], n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ConfigError(
-                f"engine_options.{key}: not an option of engine {engine!r} ({hint}its options: {', '.join(own)}"
-                + (", and vLLM's engine arguments" if passed_on else "")
-                + ")"
-            )
 
 
 def check_datasets_and_tools(config) -> None:

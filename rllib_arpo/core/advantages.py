@@ -207,6 +207,17 @@ def arpo_hard(trees, rewards, rows, *, eps: float = 1e-6) -> TokenAdvantages:
     return out
 
 
+def entropy_advantage_base_estimator(name: str) -> AdvantageEstimator:
+    """AEPO's base estimator ``name`` (``entropy_advantage_base``): a full-row estimator, one
+    that gives every trajectory its own row (not ``arpo_hard``), other than ``aepo`` itself."""
+    full_row = [
+        other for other in ADVANTAGE_ESTIMATORS if other != "aepo" and not ADVANTAGE_ESTIMATORS.get(other).dedupe_rows
+    ]
+    if name not in full_row:
+        raise ValueError(f"entropy_advantage_base must be a full-row estimator ({', '.join(full_row)}), got {name!r}")
+    return ADVANTAGE_ESTIMATORS.get(name)
+
+
 @ADVANTAGE_ESTIMATORS.register("aepo")
 def aepo(
     trees,
@@ -232,12 +243,7 @@ def aepo(
     before the first update of a step). A constant shift or scale of H (nats or / log|V|) does
     not change A^dH. A^Acc comes from the full-row estimator ``entropy_advantage_base``, given
     this ``eps`` if it takes one."""
-    base = entropy_advantage_base
-    base_estimator = ADVANTAGE_ESTIMATORS.get(base)
-    if base == "aepo" or base_estimator.dedupe_rows:
-        raise ValueError(
-            f"entropy_advantage_base must be a full-row estimator (grpo, dr_grpo, rloo, ...), got {base!r}"
-        )
+    base_estimator = entropy_advantage_base_estimator(entropy_advantage_base)
     base_options = {"eps": eps} if "eps" in base_estimator.options else {}
     advantages = base_estimator.fn(trees, rewards, rows, **base_options)
     flat = batch_rows(rows)

@@ -54,6 +54,20 @@ PolicyLoss = Callable[..., PolicyLossTerms]
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
 
 
+def check_dual_clip(dual_clip: float | None, policy_loss: str = "ppo_clip") -> None:
+    """``dual_clip`` is None, or a constant c > 1 for a loss with a clipped surrogate: ``cispo``
+    bounds its importance weight already and takes none."""
+    if dual_clip is None:
+        return
+    if not dual_clip > 1:
+        raise ValueError(f"dual_clip must be > 1 (or null), got {dual_clip!r}")
+    if policy_loss == "cispo":
+        raise ValueError(
+            "dual_clip applies to the clipped-surrogate losses; policy_loss cispo bounds its importance weight "
+            "already (set dual_clip: null)"
+        )
+
+
 def _clipped_surrogate(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -82,9 +96,8 @@ def _clipped_surrogate(
         kept = rescaled if side in keep_gradient_at else bound.detach()
         objective = torch.where(on_side, kept * advantages, objective)
     clipped = upper | lower
+    check_dual_clip(dual_clip)
     if dual_clip is not None:
-        if dual_clip <= 1.0:
-            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
         # For A < 0 the objective r A is unbounded below as r grows: cap it at c A.
         dual_clipped = (advantages < 0) & (objective < dual_clip * advantages)
         objective = torch.where(dual_clipped, dual_clip * advantages, objective)
@@ -215,8 +228,7 @@ def cispo(
     MiniMax-M1 effectively clips only the upper side (a large eps_low). ``clipped`` marks tokens
     whose weight was clipped. There is no dual clip (the weight is already bounded).
     """
-    if dual_clip is not None:
-        raise ValueError("cispo bounds its importance weight already; dual_clip must be None")
+    check_dual_clip(dual_clip, "cispo")
     ratio = torch.exp(logprobs - old_logprobs).detach()
     weight = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     clipped = (ratio < 1.0 - eps_low) | (ratio > 1.0 + eps_high)

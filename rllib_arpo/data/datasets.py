@@ -129,9 +129,7 @@ def _field(record: Mapping[str, Any], name: str) -> Any:
 
 @DATASET_LOADERS.register("parquet")
 def _load_parquet(path: str, limit: int | None = None, skip_bad_rows: bool = False) -> list[PromptExample]:
-    import pandas as pd
-
-    frame = pd.read_parquet(_existing(path))
+    frame = _read_parquet(path)
     missing = {"prompt", "reward_model"} - set(frame.columns)
     if missing:
         raise ValueError(f"{path} is not a verl RL parquet file: missing columns {sorted(missing)}")
@@ -144,6 +142,10 @@ def _load_parquet(path: str, limit: int | None = None, skip_bad_rows: bool = Fal
         for i, message in enumerate(prompt):
             if not isinstance(message, Mapping) or not all(message.get(key) is not None for key in ("role", "content")):
                 raise BadRow(f"missing field 'prompt[{i}].role' or 'prompt[{i}].content'")
+            for key in ("role", "content"):
+                if not isinstance(message[key], str):
+                    kind = type(message[key]).__name__
+                    raise BadRow(f"field 'prompt[{i}].{key}' holds {kind}, not text (write it as UTF-8 strings)")
             messages.append({"role": message["role"], "content": message["content"]})
         truth = _field(_field(row, "reward_model"), "ground_truth")
         task = "math" if row.get("ability", "qa") == "math" else "qa"
@@ -151,6 +153,24 @@ def _load_parquet(path: str, limit: int | None = None, skip_bad_rows: bool = Fal
 
     rows = enumerate(frame.to_dict("records"))  # row numbers from 0, as pandas counts them
     return _keep_rows(path, rows, make, skip_bad_rows, limit)
+
+
+def _read_parquet(path: str):
+    """The parquet file as a DataFrame; a column whose text is not valid UTF-8 is named."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(_existing(path))
+    try:
+        return table.to_pandas()
+    except pa.ArrowException as error:
+        for name in table.column_names:
+            try:
+                table.select([name]).to_pandas()
+            except pa.ArrowException:
+                reason = " ".join(str(error).split())
+                raise ValueError(f"{path}: column {name!r} holds text that is not valid UTF-8 ({reason})") from None
+        raise
 
 
 @DATASET_LOADERS.register("jsonl")

@@ -24,8 +24,12 @@ copy and its gradient); with ``logprob_chunk_size`` c, c * V * (b + 8).
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass, fields
 from typing import Any
+
+from rllib_arpo.learner.packing import PER_TOKEN_KEYS
 
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -151,6 +155,35 @@ def learner_memory_of_config(config: Any, sequence_length: int | None = None) ->
         gradient_checkpointing=config.gradient_checkpointing,
         logprob_chunk_size=config.logprob_chunk_size,
     )
+
+
+PADDED_BATCH_BYTES_PER_TOKEN = 8 + 8 + 4 * len(PER_TOKEN_KEYS)
+"""Bytes of one position of the padded training batch (``learner.packing.pad_rows``):
+``input_ids`` and ``attention_mask`` (int64) and the float32 ``PER_TOKEN_KEYS``."""
+
+
+def host_memory_bytes() -> int:
+    """The physical memory of this machine."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_batch_fits_in_memory(config: Any) -> None:
+    """One iteration's padded training batch at its largest (every trajectory of every prompt
+    ``max_prompt_tokens`` + ``max_response_tokens`` long) must fit in this machine's memory; the
+    driver holds it, and its trees and rows several times over, before any update."""
+    sizes = {
+        "prompts_per_env_runner": config.prompts_per_env_runner,
+        "max(num_env_runners, 1)": max(config.num_env_runners, 1),
+        "total_rollouts": config.total_rollouts,
+        "(max_prompt_tokens + max_response_tokens)": (config.max_prompt_tokens or 0) + config.max_response_tokens,
+    }
+    need = math.prod(sizes.values()) * PADDED_BATCH_BYTES_PER_TOKEN
+    if need > host_memory_bytes():
+        raise ValueError(
+            f"{' x '.join(sizes)} = {' x '.join(map(str, sizes.values()))} tokens: one iteration's padded training "
+            f"batch alone can take {need / GIB:,.0f} GiB ({PADDED_BATCH_BYTES_PER_TOKEN} bytes a token), more than "
+            f"this machine's {host_memory_bytes() / GIB:,.0f} GiB of memory"
+        )
 
 
 class LearnerOutOfMemoryError(RuntimeError):

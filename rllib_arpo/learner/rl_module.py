@@ -24,6 +24,7 @@ from rllib_arpo.core.entropy import entropy_from_logits
 from rllib_arpo.learner.checkpoint import WEIGHTS_FILE, load_weights, save_weights
 from rllib_arpo.learner.logprobs import chunked_token_logprobs
 from rllib_arpo.learner.packed_forward import packed_logprobs, use_block_attention
+from rllib_arpo.models.cache import check_model_path
 
 PACKED = "packed"
 """Batch key of a packed micro-batch's layout (``learner.packing.PackedMicroBatch``): with it the
@@ -111,8 +112,7 @@ class CausalLMModule(TorchRLModule):
         from transformers import AutoModelForCausalLM
 
         cfg = self.model_config or {}
-        if not cfg.get("model_path"):
-            raise ValueError("model_config['model_path'] must name a save_pretrained directory")
+        check_model_path(cfg.get("model_path"))
         self.compute_dtype = DTYPES[cfg.get("dtype", "float32")]
         weights_dtype = torch.float32 if cfg.get("master_weights") else self.compute_dtype
         self.model = AutoModelForCausalLM.from_pretrained(cfg["model_path"], dtype=weights_dtype)

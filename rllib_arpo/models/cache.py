@@ -1,10 +1,13 @@
 """Named policies in a local cache: ``model_path: tiny`` or ``model_path: smollm2-135m`` resolves
 to a directory under ``$RLLIB_ARPO_CACHE`` (default ``~/.cache/rllib_arpo``), built there on first
-use; any other ``model_path`` is a ``save_pretrained`` directory used as it is."""
+use; any other ``model_path`` is a ``save_pretrained`` directory, or a Hugging Face hub id
+(``org/name``), used as it is. ``check_model_path`` is the one check of a ``model_path``."""
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -73,15 +76,47 @@ NAMED_MODELS: dict[str, tuple[str, Callable[[Path], None]]] = {
 """``model_path`` name -> (cache subdirectory, function that builds the model there if missing)."""
 
 
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+"""A Hugging Face hub model id: ``org/name``."""
+
+
+def check_model_path(model_path: str | None) -> None:
+    """``model_path`` names a model: one of ``NAMED_MODELS``, a ``save_pretrained`` directory
+    (its ``config.json``), or a hub id that is not a local path, whose ``config.json`` is in the
+    local hub cache or can be downloaded (nothing else is fetched here); a ValueError otherwise."""
+    known = ", ".join(NAMED_MODELS)
+    if not model_path:
+        raise ValueError(f"model_path: name a save_pretrained directory, a Hugging Face hub model or one of {known}")
+    if model_path in NAMED_MODELS or (Path(model_path) / "config.json").is_file():
+        return
+    if Path(model_path).exists() or not HUB_ID.match(model_path):
+        raise ValueError(
+            f"model_path: {model_path!r} holds no config.json (a save_pretrained directory), "
+            f"and it is not one of {known}"
+        )
+    from huggingface_hub import hf_hub_download
+
+    hub_logger = logging.getLogger("huggingface_hub")
+    level = hub_logger.level
+    hub_logger.setLevel(logging.ERROR)  # its retry notices: the error below says it all
+    try:
+        hf_hub_download(model_path, "config.json")
+    except Exception as error:  # not cached and offline, no network, no such repository, ...
+        raise ValueError(
+            f"model_path: {model_path!r} is not a local directory nor one of {known}, and as a Hugging Face hub "
+            f"model it could not be found locally nor downloaded ({type(error).__name__})"
+        ) from None
+    finally:
+        hub_logger.setLevel(level)
+
+
 def resolve_model_path(model_path: str) -> str:
-    """A named model (``NAMED_MODELS``) -> its cache directory (built if missing); any other value
-    must be an existing ``save_pretrained`` directory."""
+    """``model_path`` checked (``check_model_path``); a named model becomes its cache directory
+    (built if missing), any other is returned as it is."""
+    check_model_path(model_path)
     if model_path in NAMED_MODELS:
         directory_name, build = NAMED_MODELS[model_path]
         directory = cache_dir() / directory_name
         build(directory)
         return str(directory)
-    if not (Path(model_path) / "config.json").is_file():
-        known = ", ".join(NAMED_MODELS)
-        raise ValueError(f"model_path {model_path!r}: no config.json there, and it is not one of {known}")
     return model_path

@@ -8,13 +8,17 @@ string (a tool's closing tag such as ``</search>``), end of sequence, or ``max_n
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import difflib
+import inspect
+import typing
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
 from rllib_arpo.core.registry import Registry
+from rllib_arpo.core.settings import check_type
 
 FinishReason = Literal["stop", "eos", "length"]
 
@@ -117,7 +121,49 @@ class GenerationEngine(Protocol):
 ENGINES: Registry[Callable[[], type]] = Registry("generation engine")
 """Engine name (the config's ``engine``) -> a function that imports and returns the engine class
 (imported on use: vLLM is heavy and optional). The class builds with
-``from_pretrained(model_path, dtype=..., **engine_options)``."""
+``from_pretrained(model_path, dtype=..., **engine_options)``, and its classmethod
+``check_options(engine_options)`` checks the values before anything is built (its constructor
+runs the same checks); a ValueError starts with the option's name."""
+ENGINE_ARGUMENTS = {"self", "model", "model_path", "tokenizer", "dtype"}
+"""Engine constructor arguments that come from other config fields, never from ``engine_options``."""
+
+
+def engine_options_of(engine: str) -> tuple[dict[str, Any], frozenset[str]]:
+    """The options ``engine_options`` may hold for ``engine``: the constructor's own keyword
+    arguments with their types, and the names it passes on to the library underneath (vLLM's
+    ``EngineArgs`` fields) when it takes ``**kwargs``."""
+    engine_class = ENGINES.get(engine)()
+    parameters = inspect.signature(engine_class.__init__).parameters
+    hints = typing.get_type_hints(engine_class.__init__)
+    own = {name: hints.get(name, Any) for name in parameters if name not in ENGINE_ARGUMENTS}
+    own = {name: hint for name, hint in own.items() if parameters[name].kind is not inspect.Parameter.VAR_KEYWORD}
+    passed_on = frozenset()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        passed_on = frozenset(engine_class.passed_on_options()) - ENGINE_ARGUMENTS
+    return own, passed_on
+
+
+def check_engine_options(engine: str, options: Mapping[str, Any]) -> None:
+    """Every key of ``engine_options`` is an option of ``engine``, of the right type, with a value
+    the engine's ``check_options`` accepts; a ValueError names the key. No option, no import."""
+    if not options:
+        return
+    own, passed_on = engine_options_of(engine)
+    for key, value in options.items():
+        if key in own:
+            check_type(f"engine_options.{key}", value, own[key])
+        elif key not in passed_on:
+            close = difflib.get_close_matches(key, [*own, *passed_on], n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ValueError(
+                f"engine_options.{key}: not an option of engine {engine!r} ({hint}its options: {', '.join(own)}"
+                + (", and vLLM's engine arguments" if passed_on else "")
+                + ")"
+            )
+    try:
+        ENGINES.get(engine)().check_options(options)
+    except ValueError as error:
+        raise ValueError(f"engine_options.{error}") from None
 
 
 @ENGINES.register("hf")

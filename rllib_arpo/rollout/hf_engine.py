@@ -27,8 +27,9 @@ the saving. KV caches are not kept between calls.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
@@ -107,8 +108,7 @@ class HFEngine:
         dtype: torch.dtype | None = None,
         reuse_prefixes: bool = True,
     ) -> None:
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
+        self.check_options({"device": device, "max_batch_size": max_batch_size})
         self.device = torch.device(device)
         self.model = model.to(device=self.device, dtype=dtype).eval()
         self.tokenizer = tokenizer
@@ -119,6 +119,20 @@ class HFEngine:
         self.eos_token_ids = self._eos_token_ids(model, tokenizer)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_token_id = pad_id if pad_id is not None else 0
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """The values of the keyword arguments in ``options`` (``rollout.engine.ENGINES``)."""
+        max_batch_size = options.get("max_batch_size", 1)
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
+        if "device" in options:
+            try:
+                device = torch.device(options["device"])
+            except RuntimeError as error:
+                raise ValueError(f"device: {error}") from None
+            if device.type == "cuda" and not torch.cuda.is_available():
+                raise ValueError(f"device: {str(device)!r}, but torch finds no CUDA device on this machine")
 
     @classmethod
     def from_pretrained(cls, path: str, *, dtype: torch.dtype | None = None, **kwargs) -> HFEngine:

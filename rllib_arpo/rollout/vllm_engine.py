@@ -25,8 +25,9 @@ the prefix cache, which holds KV computed with the old weights, is cleared.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -78,8 +79,13 @@ class VLLMEngine:
         enable_prefix_caching: bool = True,
         **llm_kwargs,
     ) -> None:
-        if logprobs_k < 1:
-            raise ValueError(f"logprobs_k must be at least 1, got {logprobs_k}")
+        self.check_options(
+            {
+                "logprobs_k": logprobs_k,
+                "gpu_memory_utilization": gpu_memory_utilization,
+                "tensor_parallel_size": tensor_parallel_size,
+            }
+        )
         if current_platform.is_cpu() and "enable_chunked_prefill" not in llm_kwargs:
             # vLLM 0.32 on CPU: a seeded request whose prefill is split over two steps has its
             # sample discarded and its generator rewound, which a CPU generator cannot do (the
@@ -103,6 +109,15 @@ class VLLMEngine:
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
         self.weights_version = 0
         self.stats = EngineStats()
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """The values of the keyword arguments in ``options`` (``rollout.engine.ENGINES``)."""
+        for name in ("logprobs_k", "tensor_parallel_size"):
+            if options.get(name, 1) < 1:
+                raise ValueError(f"{name} must be at least 1, got {options[name]}")
+        if not 0 < options.get("gpu_memory_utilization", 1) <= 1:
+            raise ValueError(f"gpu_memory_utilization must lie in (0, 1], got {options['gpu_memory_utilization']}")
 
     @staticmethod
     def passed_on_options() -> list[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rllib_arpo.experiment_file import ConfigError, load_experiments
+from rllib_arpo.experiment_file import RESULT_GROUPS, RESULT_VALUES, ConfigError, load_experiments
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -39,6 +39,10 @@ def test_rllib_train_file_tiny_yaml_writes_tensorboard_and_metrics(tiny_policy_c
     # the HF engine samples with the learner's own float32 forward: they agree on every token
     assert last["learners"]["default_policy"]["logprob_mismatch_max_abs"] < 1e-4
     assert last["weights_version"] == 2 and "weight_sync_s" in last
+    # every number and group of a result can be named by a stop key (experiment_file.check_stop)
+    numbers = {key for key, value in last.items() if isinstance(value, int | float) and not isinstance(value, bool)}
+    assert numbers - {"pid"} <= set(RESULT_VALUES)
+    assert {key for key, value in last.items() if isinstance(value, dict)} - {"config"} <= set(RESULT_GROUPS)
     assert list(result_files[0].parent.glob("events.out.tfevents.*")), "no TensorBoard event file"
     # the held-out split ran before the first update; the report table and plot were written
     assert results[0]["evaluation"]["after_iteration"] == 0

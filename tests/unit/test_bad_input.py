@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 
 import pandas as pd
@@ -58,6 +59,17 @@ def test_parquet_row_without_ground_truth_names_file_row_and_field(tmp_path):
         load_dataset({"type": "parquet", "path": path})
     examples = load_dataset({"type": "parquet", "path": path, "skip_bad_rows": True})
     assert [e.ground_truth for e in examples] == ["a"]  # row 2 has no messages
+
+
+def test_parquet_text_that_is_not_utf8_names_the_file_and_the_column(tmp_path, non_utf8_parquet):
+    path = non_utf8_parquet(tmp_path / "binary.parquet", "binary")
+    message = f"{path}: row 0: field 'prompt[0].content' holds bytes, not text (write it as UTF-8 strings)"
+    with pytest.raises(BadRow, match=f"^{re.escape(message)} \\(skip_bad_rows: true skips such rows\\)$"):
+        load_dataset({"type": "parquet", "path": path})
+    path = non_utf8_parquet(tmp_path / "string.parquet", "string")
+    message = f"{path}: column 'prompt' holds text that is not valid UTF-8 (Unknown error: Wrapping caf\ufffd ? failed)"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        load_dataset({"type": "parquet", "path": path})
 
 
 def test_prompts_past_the_maximum_length_are_skipped_and_counted(tmp_path):

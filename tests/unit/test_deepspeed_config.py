@@ -10,7 +10,7 @@ from rllib_arpo.learner.deepspeed_learner import ARPODeepSpeedLearner, deepspeed
 def config() -> ARPOConfig:
     return (
         ARPOConfig()
-        .policy(model_path="/m")
+        .policy(model_path="tiny")
         .learners(learner_backend="deepspeed", packing="padded")
         .training(micro_batch_size=4)
     )

@@ -38,6 +38,7 @@ def write(directory: Path, text: str, name: str = "experiment.yaml") -> str:
         ({"total_rollouts": "8"}, "total_rollouts: expected an integer, got '8'"),
         ({"engine_options": {"gpu_memory_utilization": 0.5}}, "engine_options.gpu_memory_utilization: not an option"),
         ({"engine_options": {"max_batch_size": "big"}}, "engine_options.max_batch_size: expected an integer"),
+        ({"engine_options": {"max_batch_size": 0}}, "engine_options.max_batch_size must be at least 1, got 0"),
         ({"lr": "fast"}, "lr: expected a number, got 'fast'"),
         ({"lr": 0}, "lr must be > 0, got 0"),
         ({"num_env_runners": -1}, "num_env_runners must be >= 0, got -1"),
@@ -52,6 +53,12 @@ def write(directory: Path, text: str, name: str = "experiment.yaml") -> str:
         ({"beta": {"choice": [0.1, "y"]}}, "beta: expected a number, got 'y'"),
         ({"initial_rollouts": {"randint": [2, 2]}}, r"initial_rollouts: randint needs low < high, got [2, 2]"),
         ({"totl_rollouts": 4}, "unknown config key 'totl_rollouts' (did you mean total_rollouts"),
+        ({"policy_loss": "cispo", "dual_clip": 3.0}, "dual_clip applies to the clipped-surrogate losses; policy_loss"),
+        (
+            {"advantage_estimator": "aepo", "entropy_advantage_base": "arpo_hard"},
+            "entropy_advantage_base must be a full-row estimator (arpo_soft, dr_grpo, grpo, loop, reinforce_pp, rloo), "
+            "got 'arpo_hard'",
+        ),
     ],
 )
 def test_each_config_error_is_one_line_naming_the_key(tmp_path, capsys, override, message):
@@ -69,6 +76,128 @@ def test_the_error_names_the_key_from_the_file_too(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "engine_options.gpu_memory_utilization: not an option of engine 'hf'" in err
     assert "its options: device, max_batch_size, reuse_prefixes" in err
+
+
+@pytest.mark.parametrize(
+    "argument, value, message",
+    [
+        ("--stop", "[1, 2]", "argument --stop: expected a JSON object, got [1, 2]"),
+        ("--config", "[1]", "argument --config: expected a JSON object, got [1]"),
+        ("--config", "{lr: 1}", "argument --config: not valid JSON (Expecting property name enclosed in double quotes"),
+    ],
+)
+def test_a_json_argument_that_is_not_an_object_is_one_line(tmp_path, capsys, argument, value, message):
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "file", write(tmp_path, TINY), argument, value])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert err.startswith(f"rllib: error: {message}") and err.endswith(" (see rllib train file --help)\n")
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "stop, message",
+    [
+        ({"training_iterationn": 2}, "stop: 'training_iterationn' is not a result key, so it would never stop the "
+         "trial (did you mean 'training_iteration'? a stop key is one of training_iteration, time_total_s, "),
+        ({"env_runner/reward_mean": 1}, "stop: 'env_runner/reward_mean' is not a result key, so it would never stop "
+         "the trial (did you mean 'env_runners/reward_mean'? "),
+        ({"training_iteration": "2"}, "stop.training_iteration: expected a number, got '2'"),
+    ],
+)  # fmt: skip
+def test_a_stop_key_that_no_result_holds_is_one_line(tmp_path, capsys, stop, message):
+    path = write(tmp_path, TINY)
+    assert main(["train", "file", path, "--dry-run", "--stop", json.dumps(stop)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rllib: error: {path}: experiment 'x': {message}") and err.count("\n") == 1
+
+
+def test_stop_keys_of_results_and_paths_into_result_groups_are_accepted(tmp_path):
+    stop = {"training_iteration": 2, "env_runners/reward_mean": 0.9, "evaluation/accuracy": 0.5}
+    [experiment] = load_experiments(write(tmp_path, TINY), stop_override=stop).values()
+    assert experiment["stop"] == stop
+    with pytest.raises(ConfigError, match=r"experiment 'x': stop: expected a mapping of result key to value, got 3"):
+        load_experiments(write(tmp_path, TINY.replace("  config:", "  stop: 3\n  config:")))
+
+
+@pytest.mark.parametrize(
+    "checkpoint_config, message",
+    [
+        ("{checkpoint_frequncy: 2}", "checkpoint_config: unknown key 'checkpoint_frequncy' (did you mean "
+         "'checkpoint_frequency'? known: num_to_keep, checkpoint_score_attribute, checkpoint_score_order, "
+         "checkpoint_frequency, checkpoint_at_end)"),
+        ("{checkpoint_frequency: '2'}", "checkpoint_config.checkpoint_frequency: expected an integer or null, got '2'"),
+        ("{num_to_keep: 0}", "checkpoint_config: Received invalid num_to_keep: 0. Must be None or an integer >= 1."),
+        ("[1]", "checkpoint_config: expected a mapping, got [1]"),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
+def test_a_bad_checkpoint_config_is_one_line(tmp_path, capsys, checkpoint_config, message, dry_run):
+    path = write(tmp_path, TINY.replace("  config:", f"  checkpoint_config: {checkpoint_config}\n  config:"))
+    assert main(["train", "file", path, *dry_run]) == 2
+    assert capsys.readouterr().err == f"rllib: error: {path}: experiment 'x': {message}\n"
+
+
+def test_an_engine_device_this_machine_lacks_is_one_line(tmp_path, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    path = write(tmp_path, TINY + "    engine_options: {device: cuda}\n")
+    assert main(["train", "file", path, "--dry-run"]) == 2
+    message = "engine_options.device: 'cuda', but torch finds no CUDA device on this machine"
+    assert capsys.readouterr().err == f"rllib: error: {path}: experiment 'x': {message}\n"
+
+
+def test_a_parquet_file_that_is_not_utf8_is_one_line_in_a_dry_run(tmp_path, capsys, non_utf8_parquet):
+    data = non_utf8_parquet(tmp_path / "train.parquet", "string")
+    path = write(tmp_path, TINY + f"    dataset: {{type: parquet, path: {data}}}\n")
+    assert main(["train", "file", path, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rllib: error: {path}: experiment 'x': dataset: {data}: column 'prompt' holds text that ")
+    assert err.count("\n") == 1
+
+
+def test_sizes_whose_batch_cannot_fit_in_memory_are_one_line(tmp_path, capsys, monkeypatch):
+    from rllib_arpo.learner import memory
+
+    monkeypatch.setattr(memory, "host_memory_bytes", lambda: 16 * memory.GIB)
+    path = write(tmp_path, TINY)
+    assert main(["train", "file", path, "--dry-run", "--config", '{"max_response_tokens": 1000000000}']) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rllib: error: {path}: experiment 'x': prompts_per_env_runner x max(num_env_runners, 1) x ")
+    assert err.endswith("= 4 x 1 x 16 x 1000000000 tokens: one iteration's padded training batch alone can take 1,907 "
+                        "GiB (32 bytes a token), more than this machine's 16 GiB of memory\n")  # fmt: skip
+
+
+def test_a_hub_model_that_cannot_be_found_nor_downloaded_is_one_line(tmp_path, capsys, monkeypatch):
+    import huggingface_hub
+
+    def offline(repo_id, filename):
+        raise huggingface_hub.errors.LocalEntryNotFoundError("offline")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
+    path = write(tmp_path, TINY.replace("model_path: tiny", "model_path: Qwen/Qwen2.5-7B-Instruct"))
+    assert main(["train", "file", path, "--dry-run"]) == 2
+    assert capsys.readouterr().err == (
+        f"rllib: error: {path}: experiment 'x': model_path: 'Qwen/Qwen2.5-7B-Instruct' is not a local directory nor "
+        "one of tiny, smollm2-135m, and as a Hugging Face hub model it could not be found locally nor downloaded "
+        "(LocalEntryNotFoundError)\n"
+    )
+
+
+def test_a_dry_run_needs_only_the_models_config_json(tmp_path, capsys):
+    from transformers import LlamaConfig
+
+    model = tmp_path / "model"
+    LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4).save_pretrained(
+        model
+    )
+    path = write(tmp_path, TINY.replace("model_path: tiny", "model_path: model"))
+    assert main(["train", "file", path, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    skipped = "model_path holds no tokenizer (a config.json alone checks everything else)"
+    assert f"rows of 512 tokens (0, prompts not measured: {skipped}, + 512, max_response_tokens):" in out
+    assert out.endswith(f"== prompts ==\nskipped: {skipped}\n")
 
 
 def test_relative_paths_resolve_against_the_file_then_the_launch_directory(tmp_path, monkeypatch):

@@ -50,7 +50,7 @@ def test_every_member_is_registered_with_tune_on_import_rllib_arpo():
 @pytest.mark.parametrize("name", NAMES)
 def test_each_member_has_its_defaults_and_they_validate(name):
     assert list(TRAINABLES) == NAMES == list(FAMILY)
-    config = TRAINABLES[name].get_default_config().policy(model_path="/some/model")
+    config = TRAINABLES[name].get_default_config().policy(model_path="tiny")
     config._validate_arpo()
     for key, value in FAMILY[name].defaults.items():
         assert getattr(config, key) == value, key

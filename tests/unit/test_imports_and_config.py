@@ -1,4 +1,5 @@
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -47,21 +48,98 @@ def test_core_imports_neither_ray_nor_transformers():
         ({"old_logprobs": "sampler"}, r"old_logprobs must be one of \['engine', 'learner'\], got 'sampler'"),
         ({"tis_cap": 2.0}, "tis_cap needs old_logprobs: learner"),
         ({"tis_cap": 0.5, "old_logprobs": "learner"}, "tis_cap must be >= 1"),
+        (
+            {"policy_loss": "cispo", "dual_clip": 3.0},
+            r"dual_clip applies to the clipped-surrogate losses; policy_loss cispo bounds its importance weight "
+            r"already \(set dual_clip: null\)",
+        ),
+        (
+            {"advantage_estimator": "aepo", "entropy_advantage_base": "arpo_hard"},
+            r"entropy_advantage_base must be a full-row estimator \(arpo_soft, dr_grpo, grpo, loop, reinforce_pp, "
+            r"rloo\), got 'arpo_hard'",
+        ),
         ({"micro_batch_size": 0}, "micro_batch_size must be >= 1"),
-        ({"model_path": None}, "model_path must name"),
+        ({"model_path": None}, "model_path: name a save_pretrained directory, a Hugging Face hub model or one of tiny"),
         ({"tau": "abc"}, "tau: expected a number, got 'abc'"),
         ({"max_tool_calls": 2.5}, "max_tool_calls: expected an integer, got 2.5"),
         ({"multi_tool_set": "search"}, "multi_tool_set: expected a list of strings, got 'search'"),
         ({"aepo_branch_penalty": -1.0}, "aepo_branch_penalty must be >= 0.0"),
         ({"early_children": "yes"}, "early_children: expected true or false or null, got 'yes'"),
+        ({"engine_options": {"max_batch_size": 0}}, "engine_options.max_batch_size must be at least 1, got 0"),
+        ({"engine_options": {"colour": 1}}, r"engine_options.colour: not an option of engine 'hf'"),
+        ({"lr": 0}, "lr must be > 0, got 0"),
+        ({"lr": "fast"}, "lr: expected a number, got 'fast'"),
+        ({"grad_clip": 0.0}, "grad_clip must be > 0, got 0.0"),
+        ({"num_env_runners": -1}, "num_env_runners must be >= 0, got -1"),
+        ({"num_cpus_per_learner": "many"}, "num_cpus_per_learner: expected a number or 'auto', got 'many'"),
     ],
 )
 def test_config_validation_names_the_field(fields, message):
-    config = ARPOConfig().policy(model_path="/some/model")
+    config = ARPOConfig().policy(model_path="tiny")
     for key, value in fields.items():
         setattr(config, key, value)
     with pytest.raises(ValueError, match="ARPOConfig: " + message):
         config._validate_arpo()
+
+
+def test_engine_options_are_checked_by_the_engine_class(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    config = ARPOConfig().policy(model_path="tiny", engine_options={"device": "cuda"})
+    message = "ARPOConfig: engine_options.device: 'cuda', but torch finds no CUDA device on this machine"
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        config.validate()
+    with pytest.raises(ValueError, match="^ARPOConfig: engine_options.device: Expected one of cpu, .* tpu$"):
+        config.policy(engine_options={"device": "tpu"})._validate_arpo()
+    config.policy(engine_options={"device": "cpu", "max_batch_size": 2}).validate()
+
+
+def test_an_iteration_whose_batch_cannot_fit_in_memory_is_refused(monkeypatch):
+    from rllib_arpo.learner import memory
+
+    monkeypatch.setattr(memory, "host_memory_bytes", lambda: 16 * memory.GIB)
+    config = ARPOConfig().policy(model_path="tiny").rollouts(initial_rollouts=10**9, total_rollouts=10**9)
+    message = (
+        "ARPOConfig: prompts_per_env_runner x max(num_env_runners, 1) x total_rollouts x (max_prompt_tokens + "
+        "max_response_tokens) = 4 x 1 x 1000000000 x 512 tokens: one iteration's padded training batch alone can "
+        "take 61,035 GiB (32 bytes a token), more than this machine's 16 GiB of memory"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        config.validate()
+    # 64 prompts x 16 trajectories x (1024 + 4096) tokens: 160 MiB
+    config.rollouts(initial_rollouts=8, total_rollouts=16, max_response_tokens=4096)
+    config.data(prompts_per_env_runner=64, max_prompt_tokens=1024).validate()
+
+
+def test_model_path_is_a_named_model_a_directory_or_a_hub_model_found_locally_or_downloaded(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    (tmp_path / "config.json").write_text("{}")  # a directory with config.json alone will do
+    ARPOConfig().policy(model_path=str(tmp_path)).validate()
+    with pytest.raises(ValueError, match=r"^ARPOConfig: model_path: '/no/model' holds no config.json \(a save_"):
+        ARPOConfig().policy(model_path="/no/model").validate()
+
+    def not_found(repo_id, filename):
+        assert (repo_id, filename) == ("Qwen/Qwen2.5-7B-Instruct", "config.json")
+        raise huggingface_hub.errors.LocalEntryNotFoundError("offline")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", not_found)
+    message = (
+        "ARPOConfig: model_path: 'Qwen/Qwen2.5-7B-Instruct' is not a local directory nor one of tiny, smollm2-135m, "
+        "and as a Hugging Face hub model it could not be found locally nor downloaded (LocalEntryNotFoundError)"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        ARPOConfig().policy(model_path="Qwen/Qwen2.5-7B-Instruct").validate()
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda repo_id, filename: str(tmp_path / filename))
+    ARPOConfig().policy(model_path="Qwen/Qwen2.5-7B-Instruct").validate()  # in the hub cache: passed through
+
+
+def test_validate_checks_rllibs_own_fields_before_rllib_reads_them():
+    config = ARPOConfig().policy(model_path="tiny").training(lr=-1.0)
+    with pytest.raises(ValueError, match=r"^ARPOConfig: lr must be > 0, got -1.0$"):
+        config.validate()
+    ARPOConfig().policy(model_path="tiny").training(lr=1e-5).validate()
 
 
 def test_fluent_setters_reject_unknown_fields():

@@ -143,7 +143,7 @@ def test_cispo_gradient_is_clipped_weight_times_advantage():
     expected_grad = torch.tensor([[-0.8, 0.8 / 3, -1.0]], dtype=torch.float64)
     assert torch.allclose(logprobs.grad, expected_grad)
     assert metrics["clip_fraction"] == pytest.approx(2 / 3)
-    with pytest.raises(ValueError, match="dual_clip must be None"):
+    with pytest.raises(ValueError, match="dual_clip applies to the clipped-surrogate losses; policy_loss cispo"):
         compute_policy_loss("cispo", logprobs, old, advantages, torch.ones(1, 3), dual_clip=3.0)
 
 
