@@ -54,6 +54,8 @@ from rllib_arpo.weight_sync import broadcast, open_broadcast_group, send_through
 DEEPSPEED_DIRECTORY = "deepspeed"
 MAX_SAMPLE_ATTEMPTS = 3
 RESTART_TIMEOUT_S = 300.0
+BEFORE_TRAINING = "evaluation_before_training"
+"""Result group of the held-out evaluation before the first update (``evaluation`` holds the others)."""
 
 
 @dataclass(frozen=True)
@@ -391,15 +393,18 @@ class ARPO(Algorithm):
 
     def evaluate_held_out(self, after_iteration: int) -> None:
         """Run the held-out split on one EnvRunner with the weights after ``after_iteration``
-        updates; log ``evaluation/*``."""
+        updates; log ``evaluation/*`` (``evaluation_before_training/*`` for the one before the
+        first update, which the first iteration's result holds beside its own evaluation when
+        ``held_out_interval`` is 1)."""
         if self.config.num_env_runners == 0:
             metrics = evaluate_env_runner(self.env_runner)
         else:
             [metrics] = self.env_runner_group.foreach_env_runner(
                 evaluate_env_runner, local_env_runner=False, remote_worker_ids=[1]
             )
+        group = "evaluation" if after_iteration else BEFORE_TRAINING
         for key, value in {**metrics, "after_iteration": after_iteration}.items():
-            self.metrics.log_value(("evaluation", key), value, window=1)
+            self.metrics.log_value((group, key), value, window=1)
 
     # --- checkpoints (learner.checkpoint describes the layout) -----------------------------
     def get_state(self, *args, **kwargs) -> dict:

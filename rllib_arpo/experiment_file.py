@@ -71,6 +71,7 @@ RESULT_GROUPS = (
     "env_runners",
     "learners",
     "evaluation",
+    "evaluation_before_training",
     "sampled",
     "timers",
     "fault_tolerance",

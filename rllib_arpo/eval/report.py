@@ -29,15 +29,16 @@ def read_results(trial_dir: str | Path) -> list[dict]:
 def evaluations(results: list[dict]) -> list[tuple[int, dict]]:
     """``(iteration, evaluation metrics)`` for every iteration that ran a held-out evaluation.
 
-    An evaluation run at the start of iteration 1 (before any update) is reported as iteration 0.
-    Iterations without an evaluation carry the keys with NaN values (RLlib's metrics logger);
-    they are skipped.
+    The evaluation before any update is in the first iteration's ``evaluation_before_training``
+    and is reported as iteration 0. Iterations without an evaluation carry the keys with NaN
+    values (RLlib's metrics logger); they are skipped.
     """
     points = []
     for result in results:
-        after = (result.get("evaluation") or {}).get("after_iteration")
-        if after is not None and not math.isnan(after):
-            points.append((int(after), result["evaluation"]))
+        for group in ("evaluation_before_training", "evaluation"):
+            after = (result.get(group) or {}).get("after_iteration")
+            if after is not None and not math.isnan(after):
+                points.append((int(after), result[group]))
     return points
 
 

@@ -45,7 +45,7 @@ def test_rllib_train_file_tiny_yaml_writes_tensorboard_and_metrics(tiny_policy_c
     assert {key for key, value in last.items() if isinstance(value, dict)} - {"config"} <= set(RESULT_GROUPS)
     assert list(result_files[0].parent.glob("events.out.tfevents.*")), "no TensorBoard event file"
     # the held-out split ran before the first update; the report table and plot were written
-    assert results[0]["evaluation"]["after_iteration"] == 0
+    assert results[0]["evaluation_before_training"]["after_iteration"] == 0
     assert "held-out split" in completed.stdout
     assert (result_files[0].parent / "training.png").is_file()
 

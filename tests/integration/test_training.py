@@ -122,7 +122,7 @@ def test_held_out_evaluation_before_and_after_updates(ray_session, small_config)
     finally:
         algo.stop()
     # iteration 1 reports the evaluation before any update; iteration 2 the one after two updates
-    assert first["evaluation"]["after_iteration"] == 0
+    assert first["evaluation_before_training"]["after_iteration"] == 0
     assert second["evaluation"]["after_iteration"] == 2
     for key in ("accuracy", "format_error_rate", "reward_mean", "tool_calls_per_question/search",
                 "tool_calls_per_question/python", "response_tokens_mean"):  # fmt: skip

@@ -10,9 +10,11 @@ def results():
             "training_iteration": iteration,
             "env_runners": {"accuracy": 0.1 * iteration, "reward_mean": -1 + 0.2 * iteration},
         }
-        if iteration in (1, 3):  # evaluated before the first update and after the third
-            row["evaluation"] = {"accuracy": 0.25 if iteration == 1 else 0.5, "format_error_rate": 0.5,
-                                 "reward_mean": -0.2, "after_iteration": 0 if iteration == 1 else 3}  # fmt: skip
+        if iteration == 1:  # evaluated before the first update
+            row["evaluation_before_training"] = {"accuracy": 0.25, "format_error_rate": 0.5, "reward_mean": -0.2,
+                                                 "after_iteration": 0}  # fmt: skip
+        if iteration == 3:  # and after the third
+            row["evaluation"] = {"accuracy": 0.5, "format_error_rate": 0.5, "reward_mean": -0.2, "after_iteration": 3}
         else:  # what RLlib's metrics logger reports in an iteration without an evaluation
             row["evaluation"] = {"accuracy": float("nan"), "after_iteration": float("nan")}
         rows.append(row)
@@ -25,6 +27,12 @@ def test_evaluations_and_table_compare_first_and_last():
     assert table[0].split() == ["held-out", "split", "iteration", "0", "iteration", "3"]
     assert table[2].split() == ["accuracy", "0.250", "0.500"]
     assert "no held-out evaluation" in evaluation_table([{"training_iteration": 1}])
+
+
+def test_an_evaluation_after_the_first_update_keeps_the_one_before_it():  # held_out_interval: 1
+    rows = results()
+    rows[0]["evaluation"] = {"accuracy": 0.375, "after_iteration": 1}
+    assert [(it, e["accuracy"]) for it, e in evaluations(rows)] == [(0, 0.25), (1, 0.375), (3, 0.5)]
 
 
 def test_write_report_makes_a_png(tmp_path):
