@@ -11,12 +11,10 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import torch
 
 from rllib_arpo.cli import main
 
-pytestmark = pytest.mark.integration
 ITERATIONS = 3
 # a k1 KL penalty has a gradient even where every reward is equal (the untrained policy's): the
 # weights and AdamW's moments change every iteration, so a lost optimizer state shows
