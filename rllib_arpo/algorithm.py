@@ -77,8 +77,8 @@ def _sample_or_failure(runner) -> RolloutBatch | SampleFailure:
 class ARPOConfig(AlgorithmConfig):
     """Configuration of ARPO and its family: RLlib's AlgorithmConfig plus the field groups of
     ``config_fields.CONFIG_GROUPS`` (policy, data, tool_use, rollouts, rewards, held_out,
-    training), each with its defaults and docs in one dataclass. The README's configuration
-    reference lists them all (``python scripts/config_reference.py``).
+    training), each with its defaults and docs in one dataclass. The configuration
+    reference (docs/configuration.md) lists them all (``python scripts/config_reference.py``).
 
     Each group has a fluent setter of its name, e.g.
     ``ARPOConfig().policy(model_path="tiny").rollouts(total_rollouts=8, tau=0.4)``; ``training``

@@ -3,7 +3,7 @@
 Each group is a frozen dataclass declared with ``core.settings.setting``: ``ARPOConfig`` takes its
 fields and defaults from ``CONFIG_GROUPS``, validates a config by building every group (each
 checks its own values in ``__post_init__``), and ``scripts/config_reference.py`` writes the
-README's configuration reference from the docs. The rollout and reward groups live next to the
+configuration reference (docs/configuration.md) from the docs. The rollout and reward groups live next to the
 code that uses them (``rollout.settings``, ``core.rewards``); the others are read from the config
 directly by the EnvRunner and the learner. Paper symbols are given in brackets.
 """

@@ -1,8 +1,8 @@
 """Print the configuration reference (every ARPO config field, its default and its doc), or
-write it into README.md between its markers.
+write it into docs/configuration.md between its markers.
 
     python scripts/config_reference.py           # print
-    python scripts/config_reference.py --write   # update README.md
+    python scripts/config_reference.py --write   # update docs/configuration.md
 """
 
 from __future__ import annotations
@@ -13,24 +13,24 @@ from pathlib import Path
 
 from rllib_arpo.config_fields import config_reference
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+REFERENCE_PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 BLOCK = re.compile(r"(<!-- BEGIN CONFIG REFERENCE[^>]*-->\n)(.*?)(<!-- END CONFIG REFERENCE -->)", re.DOTALL)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="replace the block in README.md")
+    parser.add_argument("--write", action="store_true", help="replace the block in docs/configuration.md")
     args = parser.parse_args()
     if not args.write:
         print(config_reference(), end="")
         return
-    text = README.read_text()
+    text = REFERENCE_PAGE.read_text()
     if not BLOCK.search(text):
         raise SystemExit(
-            f"{README} has no '<!-- BEGIN CONFIG REFERENCE ... -->' ... '<!-- END CONFIG REFERENCE -->' block"
+            f"{REFERENCE_PAGE} has no '<!-- BEGIN CONFIG REFERENCE ... -->' ... '<!-- END CONFIG REFERENCE -->' block"
         )
-    README.write_text(BLOCK.sub(lambda m: m.group(1) + config_reference() + m.group(3), text))
-    print(f"updated the configuration reference in {README}")
+    REFERENCE_PAGE.write_text(BLOCK.sub(lambda m: m.group(1) + config_reference() + m.group(3), text))
+    print(f"updated the configuration reference in {REFERENCE_PAGE}")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,26 @@
-"""Fixtures shared by every test directory."""
+"""Fixtures shared by every test directory, and the tier markers.
+
+Every test is marked with its directory's tier (``unit``, ``integration``, ``vllm``, ``models``),
+so ``pytest -m unit`` or ``pytest -m "not models"`` picks tiers without naming paths.
+"""
 
 import os
+from pathlib import Path
 
 import pytest
+
+TESTS = Path(__file__).resolve().parent
+TIERS = ("unit", "integration", "vllm", "models")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        try:
+            tier = Path(item.path).resolve().relative_to(TESTS).parts[0]
+        except ValueError:  # a test outside tests/
+            continue
+        if tier in TIERS:
+            item.add_marker(tier)
 
 
 @pytest.fixture(scope="session")

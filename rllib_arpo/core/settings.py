@@ -3,7 +3,7 @@
 A group of config fields (the rollout's, the reward's, ...) is one frozen dataclass: each field
 is declared with ``setting(default, doc)``, so its name, type, default and meaning live in one
 place. ``ARPOConfig`` takes its fields and defaults from these groups, components are built with
-``from_config``, and the configuration reference in the README is generated from the docs.
+``from_config``, and the configuration reference (docs/configuration.md) is generated from the docs.
 ``from_config`` checks every value against its field's type first (``check_type``), so a wrong
 type is reported as ``tau: expected a number, got 'abc'`` rather than failing later in a
 comparison.

@@ -2,7 +2,7 @@
 
 ``ARPOConfig`` takes its rollout fields, their defaults and the names ``.rollouts()`` accepts
 from this dataclass, the EnvRunner builds it with ``core.settings.from_config(RolloutSettings, config)``, and
-the configuration reference in the README is generated from the ``doc`` of each field. Adding a
+the configuration reference (docs/configuration.md) is generated from the ``doc`` of each field. Adding a
 rollout field means adding it here (and reading it where it is used); nothing else lists it.
 
 Building the settings validates them, the branching rule included: ``__post_init__`` builds the

@@ -10,7 +10,6 @@ import pytest
 
 from rllib_arpo.experiment_file import RESULT_GROUPS, RESULT_VALUES, ConfigError, load_experiments
 
-pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 

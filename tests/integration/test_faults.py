@@ -12,8 +12,6 @@ from ray import cloudpickle
 
 from rllib_arpo.rollout.env_runner import ARPOEnvRunner
 
-pytestmark = pytest.mark.integration
-
 
 class DiesInItsSecondSample(ARPOEnvRunner):
     """EnvRunner 1 ends its own process (as the kernel's OOM killer would) at the first

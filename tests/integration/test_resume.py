@@ -11,12 +11,10 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import torch
 
 from rllib_arpo.cli import main
 
-pytestmark = pytest.mark.integration
 ITERATIONS = 3
 # a k1 KL penalty has a gradient even where every reward is equal (the untrained policy's): the
 # weights and AdamW's moments change every iteration, so a lost optimizer state shows
@@ -57,14 +55,13 @@ def iteration_summary(result: dict) -> tuple:
 
 def interrupt_after_first_checkpoint(experiment: str, storage: Path) -> None:
     """``rllib train file`` in a process of its own, stopped with Ctrl-C (SIGINT) as soon as the
-    first checkpoint is written."""
+    first checkpoint is written. The run stops by itself after ``ITERATIONS`` iterations, so the
+    wait ends either way: at the first checkpoint, or with a run that ended without one."""
     command = [sys.executable, "-m", "rllib_arpo.cli", "train", "file", experiment, "--storage-path", str(storage)]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
     try:
-        deadline = time.monotonic() + 300
         while not list(storage.glob("resume-test/*/checkpoint_000000/policy/model.safetensors")):
             assert process.poll() is None, "the run ended before its first checkpoint"
-            assert time.monotonic() < deadline, "no checkpoint after 300 s"
             time.sleep(0.2)
         process.send_signal(signal.SIGINT)
         process.wait(timeout=120)

@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 from safetensors.torch import load_file
@@ -17,7 +16,6 @@ from rllib_arpo.algorithm import ARPOConfig
 from rllib_arpo.experiment_file import load_experiments
 from rllib_arpo.learner.rl_module import hf_state_dict
 
-pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -12,7 +12,6 @@ import yaml
 
 from rllib_arpo.cli import train_file
 
-pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 TRIALS = 4
 NAMES = ("arpo_reward_mean", "arpo_weights_version", "arpo_policy_loss", "arpo_generated_tokens_per_s")

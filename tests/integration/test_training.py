@@ -7,8 +7,6 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_arpo.learner.rl_module import hf_state_dict
 
-pytestmark = pytest.mark.integration
-
 REQUIRED_RUNNER_METRICS = (
     "reward_mean", "reward_max", "accuracy", "format_error_rate", "branches",
     "entropy_change_after_tool", "trajectories_per_s", "generated_tokens_per_s", "discarded_tokens",

@@ -28,3 +28,26 @@ def non_utf8_parquet():
         return str(path)
 
     return write
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory) -> str:
+    """A tiny policy as a ``save_pretrained`` directory (model and tokenizer), built once per
+    session: a 1-layer Qwen2 of hidden size 64 over a 300-token vocabulary, untrained. Tests read
+    it and never write into it."""
+    from rllib_arpo.models.tiny_policy import build_tiny_policy, build_tokenizer
+
+    tokenizer = build_tokenizer(["Where is the tower? <search>tower</search> <answer>Paris</answer>"], vocab_size=300)
+    model = build_tiny_policy(
+        tokenizer,
+        hidden_size=64,
+        num_layers=1,
+        num_heads=1,
+        num_kv_heads=1,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    directory = tmp_path_factory.mktemp("tiny_policy")
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return str(directory)

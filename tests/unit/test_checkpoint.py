@@ -6,7 +6,6 @@ import numpy as np
 import torch
 
 from rllib_arpo.learner.checkpoint import export_policy, load_weights, rng_states, save_weights, set_rng_states
-from rllib_arpo.models.tiny_policy import build_tiny_policy, build_tokenizer
 
 
 def test_tied_weights_are_saved_as_copies_and_load_back(tmp_path):
@@ -17,15 +16,12 @@ def test_tied_weights_are_saved_as_copies_and_load_back(tmp_path):
     assert loaded["bias"].dtype == torch.bfloat16
 
 
-def test_exported_policy_is_a_transformers_directory_with_the_given_weights(tmp_path):
+def test_exported_policy_is_a_transformers_directory_with_the_given_weights(model_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = build_tokenizer(["<search>tower</search> <answer>Paris</answer>"], vocab_size=300)
-    model = build_tiny_policy(tokenizer, num_layers=1)
-    model.save_pretrained(tmp_path / "start")
-    tokenizer.save_pretrained(tmp_path / "start")
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
     weights = {k: (v + 1).bfloat16() for k, v in model.state_dict().items()}
-    export_policy(weights, tmp_path / "start", tmp_path / "policy", "bfloat16")
+    export_policy(weights, model_dir, tmp_path / "policy", "bfloat16")
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "policy")
     assert exported.config.tie_word_embeddings and exported.dtype == torch.bfloat16
     for name, value in exported.state_dict().items():

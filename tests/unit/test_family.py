@@ -202,16 +202,13 @@ def test_dapo_overlong_shaping_by_hand():
 
 
 # --- REINFORCE++: the KL to the initial policy, measured token by token ------------------------
-def test_reinforce_pp_reference_kl_is_old_minus_reference_logprob_on_policy_tokens(tmp_path):
-    from rllib_arpo.models.tiny_policy import build_tiny_policy, build_tokenizer
+def test_reinforce_pp_reference_kl_is_old_minus_reference_logprob_on_policy_tokens(model_dir):
+    from transformers import AutoModelForCausalLM
+
     from rllib_arpo.rollout.reference import ReferencePolicy
 
-    tokenizer = build_tokenizer(["Where is the tower? <search>tower</search> <answer>Paris</answer>"], vocab_size=300)
-    model = build_tiny_policy(
-        tokenizer, hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1, intermediate_size=64
-    )
-    model.save_pretrained(tmp_path)
-    reference = ReferencePolicy(str(tmp_path))
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    reference = ReferencePolicy(model_dir)
     prompt, first, result, second = [3, 4, 5], [6, 7], [8, 9, 10], [11]
     with torch.no_grad():
         ids = torch.tensor([prompt + first + result + second])
@@ -227,24 +224,19 @@ def test_reinforce_pp_reference_kl_is_old_minus_reference_logprob_on_policy_toke
 
 
 # --- LOOP: several PPO epochs over each batch ---------------------------------------------------
-def test_loop_two_epochs_are_two_updates_on_the_same_batch(tmp_path):
+def test_loop_two_epochs_are_two_updates_on_the_same_batch(model_dir):
     """RLlib's num_epochs runs the learner twice over the batch, with the sampling-time logprobs
     fixed (so the second epoch's ratios are off 1 and the clip bites): exactly two single-epoch
     updates on the same batch."""
     from ray.rllib.core import DEFAULT_MODULE_ID as MODULE
+    from transformers import AutoConfig
 
     from rllib_arpo.algorithm import ARPOConfig
     from rllib_arpo.core.tree import TrajectoryRow
     from rllib_arpo.learner.packing import pad_rows
     from rllib_arpo.learner.rl_module import placeholder_spaces
-    from rllib_arpo.models.tiny_policy import build_tiny_policy, build_tokenizer
 
-    tokenizer = build_tokenizer(["Where is the tower? <search>tower</search> <answer>Paris</answer>"], vocab_size=300)
-    model = build_tiny_policy(
-        tokenizer, hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1, intermediate_size=64
-    )
-    model.save_pretrained(tmp_path)
-    vocab = model.config.vocab_size
+    vocab = AutoConfig.from_pretrained(model_dir).vocab_size
     rng = np.random.default_rng(0)
     rows = [
         TrajectoryRow(
@@ -260,7 +252,7 @@ def test_loop_two_epochs_are_two_updates_on_the_same_batch(tmp_path):
     batch = SampleBatch(pad_rows(rows, [np.full(6, a, np.float32) for a in (1.0, -1.0, 0.5, -0.5)], 0))
 
     def trained_weights(epochs_per_call: int, calls: int) -> dict[str, torch.Tensor]:
-        config = TRAINABLES["LOOP"].get_default_config().policy(model_path=str(tmp_path)).training(lr=1e-2)
+        config = TRAINABLES["LOOP"].get_default_config().policy(model_path=model_dir).training(lr=1e-2)
         config.num_epochs = epochs_per_call
         learner = config.build_learner(spaces={MODULE: placeholder_spaces(vocab)})
         for _ in range(calls):  # as ARPO.training_step calls it: env steps = trained tokens

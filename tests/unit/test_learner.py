@@ -16,7 +16,6 @@ from rllib_arpo.learner.packed_forward import packed_logprobs
 from rllib_arpo.learner.packing import pad_rows
 from rllib_arpo.learner.rl_module import hf_state_dict, placeholder_spaces
 from rllib_arpo.learner.torch_learner import ARPOTorchLearner
-from rllib_arpo.models.tiny_policy import build_tiny_policy, build_tokenizer
 from rllib_arpo.rollout.hf_engine import HFEngine
 
 LR = 1e-3
@@ -31,24 +30,6 @@ ROWS = [
     (4, [1, 0, 0, 1, 1, 1, 1], -1.5),
     (2, [1], 2.0),
 ]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    tokenizer = build_tokenizer(["Where is the tower? <search>tower</search> <answer>Paris</answer>"], vocab_size=300)
-    model = build_tiny_policy(
-        tokenizer,
-        hidden_size=64,
-        num_layers=1,
-        num_heads=1,
-        num_kv_heads=1,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
-    directory = tmp_path_factory.mktemp("tiny_policy")
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return str(directory)
 
 
 def build_learner(model_dir: str, dtype: str = "float32", learners: dict | None = None, **training) -> ARPOTorchLearner:

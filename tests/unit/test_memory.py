@@ -52,33 +52,29 @@ def test_activations_and_logits_follow_checkpointing_and_chunking():
     assert "total" in saved.table() and "GiB per GPU" in saved.table()
 
 
-def test_model_shape_counts_the_parameters_without_loading(tmp_path):
-    from rllib_arpo.models.tiny_policy import build_tiny_policy, build_tokenizer
+def test_model_shape_counts_the_parameters_without_loading(model_dir):
+    from transformers import AutoModelForCausalLM
 
-    tokenizer = build_tokenizer(["<search>tower</search>"], vocab_size=300)
-    model = build_tiny_policy(tokenizer, hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1)
-    model.save_pretrained(tmp_path)
-    shape = ModelShape.from_pretrained(str(tmp_path))
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    shape = ModelShape.from_pretrained(model_dir)
     assert shape.num_parameters == sum(p.numel() for p in model.parameters())  # tied embeddings counted once
     assert (shape.hidden_size, shape.num_layers, shape.vocab_size) == (64, 1, model.config.vocab_size)
 
 
-def test_the_config_fields_reach_the_estimate(tmp_path):
+def test_the_config_fields_reach_the_estimate(model_dir):
     from rllib_arpo.algorithm import ARPOConfig
     from rllib_arpo.learner.memory import learner_memory_of_config
-    from rllib_arpo.models.tiny_policy import build_tiny_policy, build_tokenizer
 
-    build_tiny_policy(build_tokenizer(["<search>x</search>"], vocab_size=300), num_layers=1).save_pretrained(tmp_path)
     config = (
         ARPOConfig()
-        .policy(model_path=str(tmp_path), dtype="bfloat16")
+        .policy(model_path=model_dir, dtype="bfloat16")
         .rollouts(max_response_tokens=300)
         .training(micro_batch_size=3)
         .learners(num_learners=4, learner_backend="deepspeed", zero_stage=3, gradient_checkpointing=True,
                   logprob_chunk_size=64, packing="padded")
     )  # fmt: skip
     expected = estimate_learner_memory(
-        ModelShape.from_pretrained(str(tmp_path)), dtype="bfloat16", learner_backend="deepspeed", num_learners=4,
+        ModelShape.from_pretrained(model_dir), dtype="bfloat16", learner_backend="deepspeed", num_learners=4,
         zero_stage=3, micro_batch_size=3, sequence_length=300, gradient_checkpointing=True, logprob_chunk_size=64,
     )  # fmt: skip
     assert learner_memory_of_config(config) == expected
@@ -88,7 +84,7 @@ def test_the_config_fields_reach_the_estimate(tmp_path):
 
     def packed(tokens):
         return estimate_learner_memory(
-            ModelShape.from_pretrained(str(tmp_path)), dtype="bfloat16", learner_backend="torch", num_learners=4,
+            ModelShape.from_pretrained(model_dir), dtype="bfloat16", learner_backend="torch", num_learners=4,
             zero_stage=3, micro_batch_size=1, sequence_length=tokens, gradient_checkpointing=True,
             logprob_chunk_size=64,
         )  # fmt: skip

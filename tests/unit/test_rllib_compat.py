@@ -31,27 +31,8 @@ from rllib_arpo.learner.rllib_compat import (
     zero_gradients,
 )
 from rllib_arpo.learner.torch_learner import ARPOTorchLearner
-from rllib_arpo.models.tiny_policy import build_tiny_policy, build_tokenizer
 
 ROWS, LENGTH = 3, 7
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    tokenizer = build_tokenizer(["<search>tower</search> <answer>Paris</answer>"], vocab_size=300)
-    model = build_tiny_policy(
-        tokenizer,
-        hidden_size=64,
-        num_layers=1,
-        num_heads=1,
-        num_kv_heads=1,
-        intermediate_size=32,
-        max_position_embeddings=32,
-    )
-    directory = tmp_path_factory.mktemp("tiny_policy")
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return str(directory)
 
 
 def build_learner(model_dir: str, learner_class: type | None = None) -> ARPOTorchLearner:
