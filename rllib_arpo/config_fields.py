@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, entropy_advantage_base_estimator
-from rllib_arpo.core.losses import LOSS_AGGREGATIONS, POLICY_LOSSES, check_dual_clip
+from rllib_arpo.core.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, check_dual_clip
 from rllib_arpo.core.registry import Registry
 from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.core.settings import check_type, setting
@@ -23,7 +23,6 @@ from rllib_arpo.rollout.engine import ENGINES, check_engine_options
 from rllib_arpo.rollout.settings import RolloutSettings
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
-KL_ESTIMATORS = ("k1", "k2", "k3")
 OLD_LOGPROB_SOURCES = ("engine", "learner")
 LEARNER_BACKENDS = ("torch", "deepspeed")
 WEIGHT_SYNCS = ("object_store", "broadcast")
@@ -162,7 +161,7 @@ class LearningSettings:
     reward_kl_coef: float = setting(
         0.0, "REINFORCE++: weight of the KL to the initial policy folded into the reward (`reinforce_pp` only)."
     )
-    kl_kind: str = setting("k3", "KL estimator: `k1`, `k2`, `k3`.")
+    kl_kind: str = setting("k3", f"KL estimator: {', '.join(f'`{name}`' for name in KL_ESTIMATORS)}.")
     dynamic_sampling: bool = setting(
         False, "DAPO: drop prompts whose trajectories all got the same reward and sample more until the batch is full."
     )
@@ -199,8 +198,7 @@ class LearningSettings:
                     "tis_cap needs old_logprobs: learner (the weight is pi_learner / pi_engine, and the learner's "
                     "log-probs are computed only then)"
                 )
-        if self.kl_kind not in KL_ESTIMATORS:
-            raise ValueError(f"kl_kind must be one of {list(KL_ESTIMATORS)}, got {self.kl_kind!r}")
+        _registered("kl_kind", KL_ESTIMATORS, self.kl_kind)
         _at_least(
             {
                 "micro_batch_size": (self.micro_batch_size, 1),

@@ -33,8 +33,6 @@ import torch
 
 from rllib_arpo.core.registry import Registry
 
-KLKind = Literal["k1", "k2", "k3"]
-
 
 class PolicyLossTerms(NamedTuple):
     """What a registered policy loss returns.
@@ -313,8 +311,30 @@ def aggregate_loss(
     return aggregation.reduce(masked_loss, mask.sum(dim=-1), token_sum_norm)
 
 
-def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind = "k3") -> torch.Tensor:
-    """Per-token estimate of KL(pi_theta || pi_ref) from tokens sampled by pi_theta.
+KL_ESTIMATORS: Registry[Callable[[torch.Tensor], torch.Tensor]] = Registry("KL estimator")
+"""KL estimator name (the config's ``kl_kind``) -> the per-token estimate as a function of
+log rho = log pi_ref - log pi_theta (``kl_penalty``)."""
+
+
+@KL_ESTIMATORS.register("k1")
+def _k1(log_rho: torch.Tensor) -> torch.Tensor:
+    return -log_rho
+
+
+@KL_ESTIMATORS.register("k2")
+def _k2(log_rho: torch.Tensor) -> torch.Tensor:
+    return 0.5 * log_rho.square()
+
+
+@KL_ESTIMATORS.register("k3")
+def _k3(log_rho: torch.Tensor) -> torch.Tensor:
+    log_rho = log_rho.clamp(-20.0, 20.0)
+    return torch.exp(log_rho) - log_rho - 1.0
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(pi_theta || pi_ref) from tokens sampled by pi_theta, by the
+    estimator ``kind`` of ``KL_ESTIMATORS``.
 
     With log rho = log pi_ref - log pi_theta (Schulman, "Approximating KL Divergence", 2020):
 
@@ -323,15 +343,7 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind 
     - ``k3`` = rho - log rho - 1: unbiased, always >= 0. log rho is clamped to [-20, 20]
       first so exp never overflows (that changes only values above e^20).
     """
-    log_rho = ref_logprobs - logprobs
-    if kind == "k1":
-        return -log_rho
-    if kind == "k2":
-        return 0.5 * log_rho.square()
-    if kind == "k3":
-        log_rho = log_rho.clamp(-20.0, 20.0)
-        return torch.exp(log_rho) - log_rho - 1.0
-    raise ValueError(f"unknown KL estimator {kind!r}; known: k1, k2, k3")
+    return KL_ESTIMATORS.get(kind)(ref_logprobs - logprobs)
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
@@ -352,7 +364,7 @@ def compute_policy_loss(
     token_sum_norm: float | None = None,
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
-    kl_kind: KLKind = "k3",
+    kl_kind: str = "k3",
     sampler_logprobs: torch.Tensor | None = None,
     tis_cap: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:

@@ -40,7 +40,7 @@ def test_core_imports_neither_ray_nor_transformers():
         ({"branching": "tree"}, "branching must be one of"),
         ({"top_p": 0.0}, r"top_p must lie in \(0, 1\]"),
         ({"temperature": 0.0}, "temperature must be > 0 for RL sampling"),
-        ({"kl_kind": "k4"}, "kl_kind must be one of"),
+        ({"kl_kind": "k4"}, "kl_kind: unknown KL estimator 'k4'; known: k1, k2, k3"),
         ({"token_sum_norm": 512.0}, "token_sum_norm applies to seq-mean-token-sum only"),
         ({"correctness": "bleu"}, "correctness must be one of"),
         ({"prompts_per_env_runner": 0}, "prompts_per_env_runner must be >= 1"),
