@@ -7,8 +7,9 @@ comes from ``core.losses`` (``config.policy_loss``). The batch is split into mic
 ``packed``/``tree`` rows packed into ``micro_batch_tokens`` tokens, shared prefixes laid out once)
 whose gradients accumulate, so memory is bounded by the micro-batch while the loss equals the
 whole batch's loss: each micro-batch loss is weighted by
-its share of the batch's aggregation denominator (trained tokens for ``token-mean``, sequences
-with trained tokens for the ``seq-mean-*`` modes). The accumulated gradients then go through
+its share of the batch's aggregation denominator, as the registered aggregation declares it
+(``LossAggregation.row_denominators``: trained tokens for ``token-mean``, sequences with trained
+tokens for the ``seq-mean-*`` modes). The accumulated gradients then go through
 RLlib's own ``postprocess_gradients`` (``grad_clip`` / ``grad_clip_by``, global norm logged as
 ``gradients_default_optimizer_global_norm``) and ``apply_gradients``.
 
@@ -45,7 +46,7 @@ import ray
 import torch
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 
-from rllib_arpo.core.losses import compute_policy_loss, kl_penalty
+from rllib_arpo.core.losses import LOSS_AGGREGATIONS, compute_policy_loss, kl_penalty
 from rllib_arpo.learner.checkpoint import rng_states, set_rng_states
 from rllib_arpo.learner.distributed import data_parallel_rank, data_parallel_size, global_sum
 from rllib_arpo.learner.memory import LearnerOutOfMemoryError, is_out_of_memory, out_of_memory_advice
@@ -184,12 +185,6 @@ class ARPOTorchLearner(TorchLearner):
             tis_cap=config.tis_cap,
         )
 
-    @staticmethod
-    def _denominators(loss_mask: torch.Tensor, agg_mode: str) -> torch.Tensor:
-        """Per-row contribution to the aggregation denominator (see module docstring)."""
-        tokens = (loss_mask > 0).sum(dim=-1)
-        return tokens if agg_mode == "token-mean" else (tokens > 0).long()
-
     def _uncompiled_update(self, batch: dict, **kwargs):  # rllib_compat.UPDATE_HOOK
         """RLlib's update step (``TorchLearner._update`` dispatches here), with the single
         forward/backward replaced by ``_accumulate_gradients`` over micro-batches."""
@@ -271,7 +266,7 @@ class ARPOTorchLearner(TorchLearner):
         Micro-batch c of this learner's shard is weighted by W * n_c / n, n_c its rows' share of
         the denominator, n the denominator summed over all W learners: the W learners'
         averaged gradient is then the gradient of the global batch's loss."""
-        denominators = self._denominators(module_batch["loss_mask"], config.loss_agg_mode)
+        denominators = LOSS_AGGREGATIONS.get(config.loss_agg_mode).row_denominators(module_batch["loss_mask"])
         total = global_sum(denominators.sum().float()).clamp_min(1)
         scale = data_parallel_size() / total
         chunks = list(self._micro_chunks(config, module_batch))

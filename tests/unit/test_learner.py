@@ -10,6 +10,7 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from transformers import AutoConfig
 
 from rllib_arpo.algorithm import ARPOConfig
+from rllib_arpo.core.losses import LOSS_AGGREGATIONS, LossAggregation
 from rllib_arpo.core.tree import TrajectoryRow
 from rllib_arpo.learner import rl_module
 from rllib_arpo.learner.packed_forward import packed_logprobs
@@ -81,9 +82,11 @@ def training_batch(learner: ARPOTorchLearner, seed: int = 0) -> dict[str, torch.
     return padded_batch_with_noisy_old_logprobs(learner, rows, advantages, rng)
 
 
-def gradients(learner: ARPOTorchLearner, batch: dict[str, torch.Tensor], **training) -> dict[str, torch.Tensor]:
+def gradients(
+    learner: ARPOTorchLearner, batch: dict[str, torch.Tensor], learners: dict | None = None, **training
+) -> dict[str, torch.Tensor]:
     """Parameter gradients of the learner's (micro-batched) loss on ``batch``; no optimizer step."""
-    config = learner.config.copy(copy_frozen=False).training(**training)
+    config = learner.config.copy(copy_frozen=False).training(**training).learners(**(learners or {}))
     module = module_of(learner)
     module.zero_grad(set_to_none=True)
     learner._accumulate_gradients(DEFAULT_MODULE_ID, config, batch)
@@ -113,12 +116,27 @@ def test_loss_ignores_tokens_outside_the_loss_mask(learner, policy_loss):
     assert not all(torch.equal(reference[k], g) for k, g in changed.items())
 
 
-@pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean"])
-def test_micro_batches_give_the_whole_batch_gradient(learner, loss_agg_mode):
+def _token_mean_halved(loss: torch.Tensor, tokens: torch.Tensor, _norm) -> torch.Tensor:
+    return 0.5 * loss.sum() / tokens.sum().clamp_min(1)
+
+
+CUSTOM_AGGREGATION = LossAggregation(_token_mean_halved, weighs="tokens")
+"""A registered aggregation the learner knows nothing of: a token mean under another name."""
+
+
+@pytest.mark.parametrize("loss_agg_mode", [*LOSS_AGGREGATIONS, "custom-token-mean"])
+def test_micro_batches_give_the_whole_batch_gradient(learner, loss_agg_mode, monkeypatch):
+    monkeypatch.setattr(LOSS_AGGREGATIONS, "_entries", dict(LOSS_AGGREGATIONS._entries))
+    LOSS_AGGREGATIONS.add("custom-token-mean", CUSTOM_AGGREGATION)
     batch = training_batch(learner)
-    whole = gradients(learner, batch, loss_agg_mode=loss_agg_mode, micro_batch_size=8)  # 5 rows: one chunk
-    for micro_batch_size in (1, 2):  # 5 chunks of 1 row; chunks of 2, 2, 1 rows
-        split = gradients(learner, batch, loss_agg_mode=loss_agg_mode, micro_batch_size=micro_batch_size)
+    whole = gradients(learner, batch, {"packing": "padded"}, loss_agg_mode=loss_agg_mode, micro_batch_size=8)
+    assert any(bool(grad.abs().max() > 0) for grad in whole.values())  # 5 rows: one micro-batch
+    for learners, micro_batch_size in (
+        ({"packing": "padded"}, 1),  # 5 micro-batches of 1 row
+        ({"packing": "padded"}, 2),  # micro-batches of 2, 2, 1 rows
+        ({"packing": "packed", "micro_batch_tokens": 14}, 8),  # packed: rows of 11, 8 + 6, 11, 3 tokens
+    ):
+        split = gradients(learner, batch, learners, loss_agg_mode=loss_agg_mode, micro_batch_size=micro_batch_size)
         for name, grad in whole.items():
             torch.testing.assert_close(split[name], grad, atol=1e-5, rtol=0, msg=name)
 
