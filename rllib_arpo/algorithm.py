@@ -39,19 +39,19 @@ from rllib_arpo.core.settings import default_of, from_config
 from rllib_arpo.core.tree import SegmentKind
 from rllib_arpo.eval.evaluate import evaluate_env_runner
 from rllib_arpo.family import FAMILY
+from rllib_arpo.learner.backends import LEARNER_BACKENDS
 from rllib_arpo.learner.checkpoint import POLICY_DIRECTORY, export_policy
 from rllib_arpo.learner.group import policy_weights, update_learners
 from rllib_arpo.learner.memory import check_batch_fits_in_memory
 from rllib_arpo.learner.packing import pad_rows
-from rllib_arpo.learner.rl_module import CausalLMModule
+from rllib_arpo.learner.rl_module import MODEL_CONFIG_KEYS, CausalLMModule
 from rllib_arpo.learner.rllib_compat import thawed
-from rllib_arpo.learner.torch_learner import ARPOTorchLearner
 from rllib_arpo.metrics_export import RayMetricsExporter
 from rllib_arpo.models.cache import check_model_path
+from rllib_arpo.rollout.engine import ENGINES
 from rllib_arpo.rollout.env_runner import ARPOEnvRunner, DataPosition, RolloutBatch
-from rllib_arpo.weight_sync import broadcast, open_broadcast_group, send_through_object_store
+from rllib_arpo.weight_sync import WEIGHT_SYNCS
 
-DEEPSPEED_DIRECTORY = "deepspeed"
 MAX_SAMPLE_ATTEMPTS = 3
 RESTART_TIMEOUT_S = 300.0
 BEFORE_TRAINING = "evaluation_before_training"
@@ -160,28 +160,14 @@ class ARPOConfig(AlgorithmConfig):
 
     # --- RLlib hooks ----------------------------------------------------------------------
     def get_default_learner_class(self):
-        if self.learner_backend == "deepspeed":
-            from rllib_arpo.learner.deepspeed_learner import ARPODeepSpeedLearner
-
-            return ARPODeepSpeedLearner
-        return ARPOTorchLearner
+        return LEARNER_BACKENDS.get(self.learner_backend).learner_class()
 
     def get_default_rl_module_spec(self) -> RLModuleSpec:
         return RLModuleSpec(module_class=CausalLMModule)
 
     @property
     def _model_config_auto_includes(self) -> dict[str, Any]:
-        return {
-            key: getattr(self, key)
-            for key in (
-                "model_path",
-                "dtype",
-                "master_weights",
-                "gradient_checkpointing",
-                "logprob_chunk_size",
-                "packing",
-            )
-        }
+        return {key: getattr(self, key) for key in MODEL_CONFIG_KEYS}
 
     def validate(self) -> None:
         self._validate_arpo()
@@ -198,15 +184,26 @@ class ARPOConfig(AlgorithmConfig):
             if not self.temperature > 0:
                 raise ValueError(f"temperature must be > 0 for RL sampling, got {self.temperature}")
             check_batch_fits_in_memory(self)
-            if self.weight_sync == "broadcast" and self.engine == "vllm" and not torch.cuda.is_available():
+            in_place = WEIGHT_SYNCS.get(self.weight_sync).receives_in_place
+            if (
+                in_place
+                and not ENGINES.get(self.engine).receives_in_place_without_cuda
+                and not torch.cuda.is_available()
+            ):
+                others = [name for name in WEIGHT_SYNCS if not WEIGHT_SYNCS.get(name).receives_in_place]
                 raise ValueError(
-                    "weight_sync: broadcast with engine: vllm needs GPUs (vLLM's CPU backend cannot load weights in "
-                    "place); use weight_sync: object_store"
+                    f"weight_sync: {self.weight_sync} with engine: {self.engine} needs GPUs (the engine cannot load "
+                    f"weights in place without one); use weight_sync: {' or '.join(others)}"
                 )
-            if self.dtype == "float16" and self.master_weights and self.learner_backend == "torch":
+            if (
+                self.dtype == "float16"
+                and self.master_weights
+                and not LEARNER_BACKENDS.get(self.learner_backend).loss_scaling
+            ):
+                scaling = [name for name in LEARNER_BACKENDS if LEARNER_BACKENDS.get(name).loss_scaling]
                 raise ValueError(
-                    "dtype float16 with master_weights needs loss scaling: use bfloat16, or learner_backend: "
-                    "deepspeed (dynamic loss scaling)"
+                    f"dtype float16 with master_weights needs loss scaling: use bfloat16, or learner_backend: "
+                    f"{' or '.join(scaling)} (dynamic loss scaling)"
                 )
             if self.reward_kl_coef > 0 and self.advantage_estimator != "reinforce_pp":
                 raise ValueError(
@@ -270,7 +267,7 @@ class ARPO(Algorithm):
         # EnvRunner index -> DataPosition after its last sample() that reached the learner
         self.data_positions: dict[int, DataPosition] = {}
         self.ray_metrics: RayMetricsExporter | None = None
-        self.weight_layout = None  # weight_sync: broadcast: the group's WeightLayout once it is open
+        self.weight_sender = WEIGHT_SYNCS.get(config.weight_sync)()
         self.sampled = Counter()
 
     def step(self) -> dict:
@@ -386,7 +383,7 @@ class ARPO(Algorithm):
         restored = env_runner_group.probe_unhealthy_env_runners()
         if restored:
             self.metrics.log_value("env_runner_restarts", len(restored), reduce="sum")
-            self.weight_layout = None  # a broadcast group with a new member: open a new one
+            self.weight_sender.reset()  # e.g. a broadcast group with a new member: open a new one
             self.push_data_positions(restored)
             self.push_policy_weights(restored)
         return restored
@@ -419,11 +416,13 @@ class ARPO(Algorithm):
         self.push_policy_weights()
 
     def save_to_path(self, path=None, *args, **kwargs) -> str:
-        """RLlib's checkpoint, DeepSpeed's partitions (``learner_backend: deepspeed``) and the
-        policy as a transformers directory under ``policy/``."""
+        """RLlib's checkpoint, the learners' own partitions where the backend has them
+        (``LearnerBackend.partitions_directory``: DeepSpeed's) and the policy as a transformers
+        directory under ``policy/``."""
         path = super().save_to_path(path, *args, **kwargs)
-        if self.config.learner_backend == "deepspeed":
-            directory = str(Path(path) / DEEPSPEED_DIRECTORY)
+        partitions = LEARNER_BACKENDS.get(self.config.learner_backend).partitions_directory
+        if partitions is not None:
+            directory = str(Path(path) / partitions)
             self.learner_group.foreach_learner(lambda learner: learner.save_engines(directory))
         weights = policy_weights(self.learner_group)
         export_policy(weights, self.config.model_path, Path(path) / POLICY_DIRECTORY, self.config.dtype)
@@ -431,8 +430,9 @@ class ARPO(Algorithm):
 
     def restore_from_path(self, path, *args, **kwargs) -> None:
         super().restore_from_path(path, *args, **kwargs)
-        if self.config.learner_backend == "deepspeed" and (Path(path) / DEEPSPEED_DIRECTORY).is_dir():
-            directory = str(Path(path) / DEEPSPEED_DIRECTORY)
+        partitions = LEARNER_BACKENDS.get(self.config.learner_backend).partitions_directory
+        if partitions is not None and (Path(path) / partitions).is_dir():
+            directory = str(Path(path) / partitions)
             self.learner_group.foreach_learner(lambda learner: learner.load_engines(directory))
             self.push_policy_weights()
 
@@ -458,12 +458,8 @@ class ARPO(Algorithm):
         version = self.weights_version
         if self.config.num_env_runners == 0:
             self.env_runner.set_state({"weights": policy_weights(self.learner_group), "weights_version": version})
-        elif self.config.weight_sync == "object_store":
-            send_through_object_store(self.learner_group, self.env_runner_group, version, runner_ids)
-        else:  # broadcast: every engine takes part, restarted ones first join a new group
-            if self.weight_layout is None:
-                self.weight_layout = open_broadcast_group(self.learner_group, self.env_runner_group)
-            broadcast(self.learner_group, self.env_runner_group, self.weight_layout, version)
+        else:
+            self.weight_sender.push(self.learner_group, self.env_runner_group, version, runner_ids)
 
 
 def _family_trainable(name: str) -> type[ARPO]:

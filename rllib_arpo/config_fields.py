@@ -18,14 +18,14 @@ from rllib_arpo.core.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSS
 from rllib_arpo.core.registry import Registry
 from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.core.settings import check_type, setting
+from rllib_arpo.learner.backends import LEARNER_BACKENDS
 from rllib_arpo.learner.packing import PACKING_MODES
 from rllib_arpo.rollout.engine import ENGINES, check_engine_options
 from rllib_arpo.rollout.settings import RolloutSettings
+from rllib_arpo.weight_sync import WEIGHT_SYNCS
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 OLD_LOGPROB_SOURCES = ("engine", "learner")
-LEARNER_BACKENDS = ("torch", "deepspeed")
-WEIGHT_SYNCS = ("object_store", "broadcast")
 ZERO_STAGES = (1, 2, 3)
 
 
@@ -260,18 +260,17 @@ class LearnerSettings:
     )
 
     def __post_init__(self) -> None:
-        if self.packing not in PACKING_MODES:
-            raise ValueError(f"packing must be one of {list(PACKING_MODES)}, got {self.packing!r}")
-        if self.packing != "padded" and self.learner_backend != "torch":
+        backend = _registered("learner_backend", LEARNER_BACKENDS, self.learner_backend)
+        _registered("packing", PACKING_MODES, self.packing)
+        if self.packing not in backend.packing:
+            able = [name for name in LEARNER_BACKENDS if self.packing in LEARNER_BACKENDS.get(name).packing]
             raise ValueError(
-                f"packing: {self.packing} needs learner_backend: torch (the DeepSpeed learner needs as many "
-                "micro-batches on every learner); use packing: padded with learner_backend: deepspeed"
+                f"packing: {self.packing} needs learner_backend: {' or '.join(able)} (learner_backend: "
+                f"{self.learner_backend} trains with packing: {', '.join(backend.packing)}); use packing: "
+                f"{backend.packing[0]} with learner_backend: {self.learner_backend}"
             )
         _at_least({"micro_batch_tokens": (self.micro_batch_tokens, 1)})
-        if self.learner_backend not in LEARNER_BACKENDS:
-            raise ValueError(f"learner_backend must be one of {list(LEARNER_BACKENDS)}, got {self.learner_backend!r}")
-        if self.weight_sync not in WEIGHT_SYNCS:
-            raise ValueError(f"weight_sync must be one of {list(WEIGHT_SYNCS)}, got {self.weight_sync!r}")
+        _registered("weight_sync", WEIGHT_SYNCS, self.weight_sync)
         if self.zero_stage not in ZERO_STAGES:
             raise ValueError(f"zero_stage must be one of {list(ZERO_STAGES)}, got {self.zero_stage!r}")
         if self.logprob_chunk_size is not None:
@@ -344,4 +343,19 @@ def config_reference() -> str:
             default = json.dumps(default_of(settings_field))
             doc = settings_field.metadata["doc"].replace("|", "\\|")
             lines.append(f"| `{settings_field.name}` | `{default}` | {doc} |")
-    return "\n".join(lines[1:]) + "\n"
+    return "\n".join(lines[1:] + _engine_options_reference()) + "\n"
+
+
+def _engine_options_reference() -> list[str]:
+    """A table of every engine's options (``engine_options``), read from the engines' sources."""
+    lines = ["", "**engine_options**: the options of each `engine`, its constructor's keyword arguments.", ""]
+    lines += ["| engine | option | type | default | meaning |", "|---|---|---|---|---|"]
+    for name in ENGINES:
+        options, passes_on = ENGINES.get(name).documented_options()
+        for option in options:
+            doc = option.doc.replace("``", "`").replace("|", "\\|")
+            kind = option.type.replace("|", "\\|")
+            lines.append(f"| `{name}` | `{option.name}` | `{kind}` | `{option.default}` | {doc} |")
+        if passes_on:
+            lines.append(f"| `{name}` | ... | | | Further keyword arguments go on to the library underneath. |")
+    return lines

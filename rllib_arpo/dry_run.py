@@ -120,6 +120,7 @@ def resources_section(planned: PlannedExperiment) -> str:
 @dry_run_section("learner memory")
 def learner_memory_section(planned: PlannedExperiment) -> str:
     from rllib_arpo.learner.memory import learner_memory_of_config
+    from rllib_arpo.learner.packing import PACKING_MODES
 
     config = planned.config
     tokenizer = None if config.max_prompt_tokens else model_tokenizer(config)
@@ -134,7 +135,7 @@ def learner_memory_section(planned: PlannedExperiment) -> str:
     layout = config.learner_backend + (f" ZeRO-{config.zero_stage}" if config.learner_backend == "deepspeed" else "")
     learners = max(config.num_learners, 1)
     where = "per GPU" if config.num_gpus_per_learner else "on the CPU (num_gpus_per_learner: 0)"
-    if config.packing == "padded":
+    if not PACKING_MODES.get(config.packing).packs:
         micro_batch = f"micro_batch_size {config.micro_batch_size}"
     else:
         micro_batch = f"packing {config.packing}, micro_batch_tokens {config.micro_batch_tokens}"

@@ -7,6 +7,10 @@ safetensors reload (vLLM on CPU).
 
 ``broadcast``: learner rank 0 and the engines form a process group of their own
 (``learner.weight_broadcast``); each sync is one broadcast per tensor, received in place.
+
+``WEIGHT_SYNCS`` names them: each entry is a class whose instance (one per algorithm) pushes the
+weights to remote EnvRunners and declares whether the engines receive them in place (an engine
+then declares what it needs for that: ``rollout.engine.Engine``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import numpy as np
 import ray
 from ray.rllib.core import DEFAULT_MODULE_ID
 
+from rllib_arpo.core.registry import Registry
 from rllib_arpo.learner.group import policy_weights
 from rllib_arpo.learner.weight_broadcast import WeightLayout
 
@@ -76,3 +81,38 @@ def _await_env_runners(env_runner_group, tag: str, expected: int) -> list:
     if len(results) < expected:
         raise RuntimeError(f"{expected - len(results)} EnvRunner(s) did not answer {tag!r} in {ANSWER_TIMEOUT_S} s")
     return results
+
+
+WEIGHT_SYNCS: Registry[type] = Registry("weight sync")
+"""The config's ``weight_sync`` -> a class with ``receives_in_place`` (the engines load the weights
+in place, from a process group of their own), ``push(learner_group, env_runner_group, version,
+runner_ids)`` and ``reset()`` (an EnvRunner was restarted)."""
+
+
+@WEIGHT_SYNCS.register("object_store")
+class ObjectStoreSync:
+    receives_in_place = False
+
+    def push(self, learner_group, env_runner_group, version: int, runner_ids: list[int] | None) -> None:
+        send_through_object_store(learner_group, env_runner_group, version, runner_ids)
+
+    def reset(self) -> None:
+        pass
+
+
+@WEIGHT_SYNCS.register("broadcast")
+class BroadcastSync:
+    """Every engine takes part in each broadcast; after a restart a new group is opened first."""
+
+    receives_in_place = True
+
+    def __init__(self) -> None:
+        self.layout: WeightLayout | None = None  # the group's layout once it is open
+
+    def push(self, learner_group, env_runner_group, version: int, runner_ids: list[int] | None) -> None:
+        if self.layout is None:
+            self.layout = open_broadcast_group(learner_group, env_runner_group)
+        broadcast(learner_group, env_runner_group, self.layout, version)
+
+    def reset(self) -> None:
+        self.layout = None

@@ -29,7 +29,7 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any
 
-from rllib_arpo.learner.packing import PER_TOKEN_KEYS
+from rllib_arpo.learner.packing import PACKING_MODES, PER_TOKEN_KEYS
 
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -140,7 +140,7 @@ def learner_memory_of_config(config: Any, sequence_length: int | None = None) ->
     of the longest row where that row alone is longer."""
     from rllib_arpo.models.cache import resolve_model_path
 
-    packed = config.packing != "padded"
+    packed = PACKING_MODES.get(config.packing).packs
     row_tokens = sequence_length or config.max_response_tokens
     return estimate_learner_memory(
         ModelShape.from_pretrained(resolve_model_path(config.model_path)),
@@ -203,7 +203,8 @@ def is_out_of_memory(error: BaseException) -> bool:
 def out_of_memory_advice(config: Any, rows: int, length: int) -> str:
     """What to change when one micro-batch of ``rows`` x ``length`` tokens did not fit, each knob
     with its current value, most effective first; with the estimate of the current layout."""
-    if config.packing == "padded":
+    packs = PACKING_MODES.get(config.packing).packs
+    if not packs:
         knobs = [
             f"micro_batch_size: {config.micro_batch_size} -> {max(config.micro_batch_size // 2, 1)} (rows per "
             "forward/backward; the update stays the same)",
@@ -232,7 +233,7 @@ def out_of_memory_advice(config: Any, rows: int, length: int) -> str:
     )
     micro_batch = (
         f"a micro-batch of {rows} rows x {length} tokens"
-        if config.packing == "padded"
+        if not packs
         else f"a {config.packing}-packed micro-batch of <= {config.micro_batch_tokens} tokens (rows <= {length})"
     )
     lines = [f"the learner ran out of memory on {micro_batch}. Settings to change:"]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rllib_arpo.core.registry import Registry
 from rllib_arpo.core.tree import TrajectoryRow
 
 PER_TOKEN_KEYS = ("loss_mask", "old_logprobs", "advantages", "entropies")
@@ -61,7 +62,26 @@ def shard_rows(batch: dict[str, np.ndarray], num_shards: int) -> list[dict[str, 
 
 # --- packing: rows laid end to end, or their prefix tree, without padding -------------------------
 
-PACKING_MODES = ("padded", "packed", "tree")
+
+@dataclass(frozen=True)
+class PackingMode:
+    """How the learner lays out a micro-batch (the config's ``packing``).
+
+    Attributes:
+        packs: rows laid end to end in one sequence of at most ``micro_batch_tokens`` tokens,
+            attended block by block (``packed_forward``); False: ``micro_batch_size`` rows,
+            right-padded.
+        shares_prefixes: a prefix that rows share is laid out once (``pack_rows``).
+    """
+
+    packs: bool
+    shares_prefixes: bool = False
+
+
+PACKING_MODES: Registry[PackingMode] = Registry("packing mode")
+PACKING_MODES.add("padded", PackingMode(packs=False))
+PACKING_MODES.add("packed", PackingMode(packs=True))
+PACKING_MODES.add("tree", PackingMode(packs=True, shares_prefixes=True))
 
 
 @dataclass(frozen=True)
@@ -254,10 +274,9 @@ def micro_batches(
     ``padded``: ``micro_batch_size`` consecutive rows, computed padded (no layout). ``packed`` and
     ``tree``: rows packed by ``pack_rows`` into micro-batches of at most ``micro_batch_tokens``
     tokens, computing only the trained targets; ``tree`` lays each shared prefix out once."""
-    if packing not in PACKING_MODES:
-        raise ValueError(f"packing must be one of {list(PACKING_MODES)}, got {packing!r}")
+    mode = PACKING_MODES.get(packing)
     rows = input_ids.shape[0]
-    if packing == "padded":
+    if not mode.packs:
         return [
             (np.arange(start, min(start + micro_batch_size, rows)), None) for start in range(0, rows, micro_batch_size)
         ]
@@ -266,6 +285,6 @@ def micro_batches(
         attention_mask.sum(axis=1),
         loss_mask > 0,
         max_tokens=micro_batch_tokens,
-        share_prefixes=packing == "tree",
+        share_prefixes=mode.shares_prefixes,
     )
     return [(micro.rows, micro) for micro in packed]

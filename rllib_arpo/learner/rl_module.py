@@ -24,6 +24,7 @@ from rllib_arpo.core.entropy import entropy_from_logits
 from rllib_arpo.learner.checkpoint import WEIGHTS_FILE, load_weights, save_weights
 from rllib_arpo.learner.logprobs import chunked_token_logprobs
 from rllib_arpo.learner.packed_forward import packed_logprobs, use_block_attention
+from rllib_arpo.learner.packing import PACKING_MODES
 from rllib_arpo.models.cache import check_model_path
 
 PACKED = "packed"
@@ -31,6 +32,17 @@ PACKED = "packed"
 module computes the log-probs of the packed rows (``packed_forward.packed_logprobs``)."""
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+MODEL_CONFIG_KEYS = ("model_path", "dtype", "master_weights", "gradient_checkpointing", "logprob_chunk_size", "packing")
+"""The config fields ``ARPOConfig`` puts into the module's ``model_config`` (``CausalLMModule``)."""
+
+
+def check_model_config(model_config: dict | None) -> dict:
+    """``model_config`` when it holds every key of ``MODEL_CONFIG_KEYS`` (their defaults are the
+    config's, not restated here); else a ValueError naming the missing ones."""
+    missing = [key for key in MODEL_CONFIG_KEYS if key not in (model_config or {})]
+    if missing:
+        raise ValueError(f"the module's model_config lacks {missing} (ARPOConfig sets {list(MODEL_CONFIG_KEYS)})")
+    return model_config
 
 
 def placeholder_spaces(vocab_size: int) -> tuple[gym.Space, gym.Space]:
@@ -84,7 +96,7 @@ def load_reference_model(model_config: dict, device) -> torch.nn.Module:
     """The frozen initial policy (for the KL penalty), in eval mode on ``device``."""
     from transformers import AutoModelForCausalLM
 
-    dtype = DTYPES[model_config.get("dtype", "float32")]
+    dtype = DTYPES[check_model_config(model_config)["dtype"]]
     model = AutoModelForCausalLM.from_pretrained(model_config["model_path"], dtype=dtype).to(device).eval()
     _attend_in_blocks_if_packed(model, model_config)
     return model.requires_grad_(False)
@@ -92,7 +104,7 @@ def load_reference_model(model_config: dict, device) -> torch.nn.Module:
 
 def _attend_in_blocks_if_packed(model: torch.nn.Module, model_config: dict) -> None:
     """Packed micro-batches attend block by block (``packed_forward.use_block_attention``)."""
-    if model_config.get("packing", "padded") != "padded":
+    if PACKING_MODES.get(model_config["packing"]).packs:
         use_block_attention(model)
 
 
@@ -102,24 +114,25 @@ def hf_state_dict(module_state: dict[str, torch.Tensor]) -> dict[str, torch.Tens
 
 
 class CausalLMModule(TorchRLModule):
-    """``model_config``: ``model_path`` (a ``save_pretrained`` directory), ``dtype`` (the compute
+    """``model_config`` (``MODEL_CONFIG_KEYS``, every one required): ``model_path`` (a
+    ``save_pretrained`` directory), ``dtype`` (the compute
     dtype: ``float32`` | ``bfloat16`` | ``float16``), ``master_weights`` (keep the weights in
     float32 and compute in ``dtype`` under autocast), ``gradient_checkpointing`` (recompute each
     layer's activations in the backward pass), ``logprob_chunk_size`` (``sequence_logprobs``),
-    ``packing`` (other than ``padded``: block-sparse attention for packed micro-batches)."""
+    ``packing`` (a mode that packs rows: block-sparse attention for packed micro-batches)."""
 
     def setup(self) -> None:
         from transformers import AutoModelForCausalLM
 
-        cfg = self.model_config or {}
-        check_model_path(cfg.get("model_path"))
-        self.compute_dtype = DTYPES[cfg.get("dtype", "float32")]
-        weights_dtype = torch.float32 if cfg.get("master_weights") else self.compute_dtype
+        cfg = check_model_config(self.model_config)
+        check_model_path(cfg["model_path"])
+        self.compute_dtype = DTYPES[cfg["dtype"]]
+        weights_dtype = torch.float32 if cfg["master_weights"] else self.compute_dtype
         self.model = AutoModelForCausalLM.from_pretrained(cfg["model_path"], dtype=weights_dtype)
-        if cfg.get("gradient_checkpointing"):
+        if cfg["gradient_checkpointing"]:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         _attend_in_blocks_if_packed(self.model, cfg)
-        self.logprob_chunk_size = cfg.get("logprob_chunk_size")
+        self.logprob_chunk_size = cfg["logprob_chunk_size"]
 
     def _autocast(self):
         """Autocast to the compute dtype while the weights are kept in another (float32 master

@@ -8,11 +8,15 @@ string (a tool's closing tag such as ``</search>``), end of sequence, or ``max_n
 
 from __future__ import annotations
 
+import ast
 import difflib
+import importlib
+import importlib.util
 import inspect
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
@@ -118,12 +122,85 @@ class GenerationEngine(Protocol):
         ...
 
 
-ENGINES: Registry[Callable[[], type]] = Registry("generation engine")
-"""Engine name (the config's ``engine``) -> a function that imports and returns the engine class
-(imported on use: vLLM is heavy and optional). The class builds with
-``from_pretrained(model_path, dtype=..., **engine_options)``, and its classmethod
-``check_options(engine_options)`` checks the values before anything is built (its constructor
-runs the same checks); a ValueError starts with the option's name."""
+@dataclass(frozen=True)
+class EngineOption:
+    """One keyword option of an engine's constructor, read from its source (no import)."""
+
+    name: str
+    type: str
+    default: str
+    doc: str
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A registered generation engine.
+
+    Attributes:
+        path: ``"module:Class"``, imported on use (vLLM is heavy and optional). The class builds
+            with ``from_pretrained(model_path, dtype=..., **engine_options)``, and its
+            classmethod ``check_options(engine_options)`` checks the values before anything is
+            built (its constructor runs the same checks); a ValueError starts with the option's
+            name.
+        in_place_options: engine options the EnvRunner adds (unless set) when the weight sync
+            has the engines receive weights in place (``weight_sync: broadcast``): vLLM's worker
+            extension that joins the weight group.
+        receives_in_place_without_cuda: whether it can load weights in place without a GPU.
+    """
+
+    path: str
+    in_place_options: Mapping[str, Any] = field(default_factory=dict)
+    receives_in_place_without_cuda: bool = True
+
+    def load(self) -> type:
+        """The engine class (imports its module)."""
+        module, name = self.path.split(":")
+        return getattr(importlib.import_module(module), name)
+
+    def documented_options(self) -> tuple[list[EngineOption], bool]:
+        """The constructor's own options (type, default and the class docstring's ``Args:`` line)
+        and whether it passes further keyword arguments on, read from the module's source
+        without importing it (for the configuration reference)."""
+        module, name = self.path.split(":")
+        tree = ast.parse(Path(importlib.util.find_spec(module).origin).read_text())
+        [engine_class] = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name]
+        [init] = [node for node in engine_class.body if isinstance(node, ast.FunctionDef) and node.name == "__init__"]
+        docs = _documented_arguments(ast.get_docstring(engine_class) or "")
+        arguments = init.args
+        positional = arguments.posonlyargs + arguments.args
+        defaults = [None] * (len(positional) - len(arguments.defaults)) + arguments.defaults
+        pairs = [*zip(positional, defaults), *zip(arguments.kwonlyargs, arguments.kw_defaults)]
+        options = [
+            EngineOption(
+                argument.arg,
+                ast.unparse(argument.annotation) if argument.annotation else "",
+                ast.unparse(default) if default is not None else "",
+                docs.get(argument.arg, ""),
+            )
+            for argument, default in pairs
+            if argument.arg not in ENGINE_ARGUMENTS
+        ]
+        return options, arguments.kwarg is not None
+
+
+def _documented_arguments(docstring: str) -> dict[str, str]:
+    """``name -> text`` of the ``Args:`` section of a Google-style docstring."""
+    docs, name, in_args = {}, None, False
+    for line in docstring.splitlines():
+        if line.strip() == "Args:":
+            in_args = True
+        elif in_args and line.startswith("    ") and not line.startswith("     ") and ":" in line:
+            name, text = line.strip().split(":", 1)
+            docs[name] = text.strip()
+        elif in_args and line.startswith("        ") and name is not None:
+            docs[name] += " " + line.strip()
+        elif in_args and line.strip():
+            in_args = False
+    return docs
+
+
+ENGINES: Registry[Engine] = Registry("generation engine")
+"""Engine name (the config's ``engine``) -> ``Engine``."""
 ENGINE_ARGUMENTS = {"self", "model", "model_path", "tokenizer", "dtype"}
 """Engine constructor arguments that come from other config fields, never from ``engine_options``."""
 
@@ -132,7 +209,7 @@ def engine_options_of(engine: str) -> tuple[dict[str, Any], frozenset[str]]:
     """The options ``engine_options`` may hold for ``engine``: the constructor's own keyword
     arguments with their types, and the names it passes on to the library underneath (vLLM's
     ``EngineArgs`` fields) when it takes ``**kwargs``."""
-    engine_class = ENGINES.get(engine)()
+    engine_class = ENGINES.get(engine).load()
     parameters = inspect.signature(engine_class.__init__).parameters
     hints = typing.get_type_hints(engine_class.__init__)
     own = {name: hints.get(name, Any) for name in parameters if name not in ENGINE_ARGUMENTS}
@@ -161,20 +238,17 @@ def check_engine_options(engine: str, options: Mapping[str, Any]) -> None:
                 + ")"
             )
     try:
-        ENGINES.get(engine)().check_options(options)
+        ENGINES.get(engine).load().check_options(options)
     except ValueError as error:
         raise ValueError(f"engine_options.{error}") from None
 
 
-@ENGINES.register("hf")
-def _hf_engine() -> type:
-    from rllib_arpo.rollout.hf_engine import HFEngine
-
-    return HFEngine
-
-
-@ENGINES.register("vllm")
-def _vllm_engine() -> type:
-    from rllib_arpo.rollout.vllm_engine import VLLMEngine
-
-    return VLLMEngine
+ENGINES.add("hf", Engine("rllib_arpo.rollout.hf_engine:HFEngine"))
+ENGINES.add(
+    "vllm",
+    Engine(
+        "rllib_arpo.rollout.vllm_engine:VLLMEngine",
+        in_place_options={"worker_extension_cls": "rllib_arpo.rollout.vllm_weight_receiver.WeightReceiver"},
+        receives_in_place_without_cuda=False,  # vLLM's CPU backend cannot load weights in place
+    ),
+)

@@ -43,6 +43,7 @@ from rllib_arpo.rollout.scoring import score_trees, training_rewards
 from rllib_arpo.rollout.settings import RolloutSettings
 from rllib_arpo.rollout.tree_rollout import TreeRollout
 from rllib_arpo.tools.base import ToolExecutor, build_tools
+from rllib_arpo.weight_sync import WEIGHT_SYNCS
 
 
 @dataclass(frozen=True)
@@ -71,16 +72,14 @@ class RolloutBatch:
     token_kl: list[list[np.ndarray]] | None = None
 
 
-VLLM_WEIGHT_RECEIVER = "rllib_arpo.rollout.vllm_weight_receiver.WeightReceiver"
-
-
 def build_engine(config):
-    """The generation engine named by ``config.engine`` (``rollout.engine.ENGINES``)."""
-    engine_class = ENGINES.get(config.engine)()
+    """The generation engine named by ``config.engine`` (``rollout.engine.ENGINES``), with the
+    options it declares for receiving weights in place when the weight sync does that."""
+    engine = ENGINES.get(config.engine)
     options = dict(config.engine_options)
-    if config.engine == "vllm" and config.weight_sync == "broadcast":
-        options.setdefault("worker_extension_cls", VLLM_WEIGHT_RECEIVER)
-    return engine_class.from_pretrained(config.model_path, dtype=DTYPES[config.dtype], **options)
+    if WEIGHT_SYNCS.get(config.weight_sync).receives_in_place:
+        options = {**engine.in_place_options, **options}
+    return engine.load().from_pretrained(config.model_path, dtype=DTYPES[config.dtype], **options)
 
 
 def next_prompts(stream: PromptStream, tokenizer, count: int, max_tokens: int | None):

@@ -56,11 +56,11 @@ def test_the_backend_field_picks_the_learner_class():
 @pytest.mark.parametrize(
     "fields, message",
     [
-        ({"learner_backend": "fsdp"}, r"learner_backend must be one of \['torch', 'deepspeed'\], got 'fsdp'"),
-        ({"weight_sync": "disk"}, r"weight_sync must be one of \['object_store', 'broadcast'\], got 'disk'"),
+        ({"learner_backend": "fsdp"}, r"learner_backend: unknown learner backend 'fsdp'; known: deepspeed, torch"),
+        ({"weight_sync": "disk"}, r"weight_sync: unknown weight sync 'disk'; known: broadcast, object_store"),
         ({"logprob_chunk_size": 0}, "logprob_chunk_size must be >= 1"),
         ({"deepspeed_config": [1]}, r"deepspeed_config: expected a mapping, got \[1\]"),
-        ({"packing": "ragged"}, r"packing must be one of \['padded', 'packed', 'tree'\], got 'ragged'"),
+        ({"packing": "ragged"}, r"packing: unknown packing mode 'ragged'; known: packed, padded, tree"),
         ({"packing": "tree"}, r"packing: tree needs learner_backend: torch .* use packing: padded"),
         ({"packing": "packed", "learner_backend": "torch", "micro_batch_tokens": 0}, "micro_batch_tokens must be >= 1"),
         ({"dtype": "float16", "learner_backend": "torch"}, "dtype float16 with master_weights needs loss scaling"),
