@@ -16,7 +16,8 @@ Per prompt the rollout driver uses this module as follows (ARPO, arXiv 2507.1984
 4. When every path has ended, ``budget.fill_count(num_finished)`` fresh trajectories are
    sampled from the prompt, so that the prompt has exactly M trajectories.
 
-Three branching rules are provided. ARPO (``ARPOBranchingPolicy``) compares an entropy-driven
+The rules are entries of ``BRANCHING_RULES``, chosen by the config's ``branching``; each builds
+its policy from the rollout settings. ARPO (``ARPOBranchingPolicy``) compares an entropy-driven
 score with a threshold, either deterministically (the paper) or by a coin flip (the reference
 code). AEPO (arXiv 2510.14545, ``AEPOBranchingPolicy``) damps the ARPO rule on paths that keep
 branching; its entropy pre-monitoring (``aepo_global_samples``) decides how many of the M
@@ -28,10 +29,13 @@ removes only the entropy signal.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
+
+from rllib_arpo.core.registry import Registry
 
 BranchingMode = Literal["threshold", "stochastic"]
 BRANCHING_MODES: tuple[str, ...] = ("threshold", "stochastic")
@@ -203,6 +207,64 @@ class RandomBranchingPolicy:
         if rng is None:
             raise ValueError("random branching needs rng, a numpy.random.Generator")
         return bool(rng.random() < self.probability)
+
+
+@dataclass(frozen=True)
+class BranchingRule:
+    """A registered branching rule (the config's ``branching``).
+
+    Attributes:
+        build: ``build(settings) -> BranchingPolicy`` from the rollout settings
+            (``rollout.settings.RolloutSettings``), whose fields hold the rule's options; the
+            policy checks them.
+        doc: what the rule does, in the ``branching`` field's doc (the configuration reference).
+        branches: False for a rule that never forks: all M trajectories are then sampled from the
+            prompt (N is ignored) and AEPO's pre-monitoring has no branches to budget.
+    """
+
+    build: Callable[[Any], BranchingPolicy]
+    doc: str
+    branches: bool = True
+
+
+class BranchingRuleRegistry(Registry[BranchingRule]):
+    """``Registry`` whose ``register`` decorates a plain ``build(settings)`` function."""
+
+    def register(self, *names: str, doc: str, branches: bool = True):
+        def decorator(build: Callable[[Any], BranchingPolicy]) -> Callable[[Any], BranchingPolicy]:
+            Registry.register(self, *names)(BranchingRule(build, doc, branches))
+            return build
+
+        return decorator
+
+
+BRANCHING_RULES = BranchingRuleRegistry("branching rule")
+
+
+@BRANCHING_RULES.register("arpo", doc="ARPO's entropy rule (`alpha`, `beta`, `tau`, `branching_mode`)")
+def arpo_rule(settings) -> ARPOBranchingPolicy:
+    return ARPOBranchingPolicy(alpha=settings.alpha, beta=settings.beta, tau=settings.tau, mode=settings.branching_mode)
+
+
+@BRANCHING_RULES.register("aepo", doc="ARPO's rule with AEPO's consecutive-branch penalty (`aepo_branch_penalty`)")
+def aepo_rule(settings) -> AEPOBranchingPolicy:
+    return AEPOBranchingPolicy(base=arpo_rule(settings), penalty=settings.aepo_branch_penalty)
+
+
+@BRANCHING_RULES.register(
+    "random", doc="fork with probability `tau` whatever dH is: the ablation of the entropy signal at the same budget"
+)
+def random_rule(settings) -> RandomBranchingPolicy:
+    return RandomBranchingPolicy(probability=settings.tau)
+
+
+@BRANCHING_RULES.register(
+    "none",
+    doc="never fork: all M trajectories sampled from the prompt (GRPO and the other flat baselines)",
+    branches=False,
+)
+def no_branching_rule(settings) -> NoBranching:
+    return NoBranching()
 
 
 def aepo_global_samples(

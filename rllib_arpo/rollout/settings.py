@@ -13,17 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rllib_arpo.core.branching import (
-    AEPOBranchingPolicy,
-    ARPOBranchingPolicy,
-    BranchBudget,
-    BranchingPolicy,
-    NoBranching,
-    RandomBranchingPolicy,
-)
+from rllib_arpo.core.branching import BRANCHING_RULES, BranchBudget, BranchingPolicy, BranchingRule
 from rllib_arpo.core.settings import setting
-
-BRANCHING_RULES = ("arpo", "aepo", "random", "none")
 
 
 @dataclass(frozen=True)
@@ -39,9 +30,9 @@ class RolloutSettings:
     entropy_window: int = setting(20, "[k] tokens after a tool result whose mean entropy (nats) is H_t.")
     branching: str = setting(
         "arpo",
-        "Branching rule: `arpo`, `aepo` (ARPO's rule with the consecutive-branch penalty), `random` "
-        "(fork with probability tau whatever dH is: the ablation at the same budget), or `none` (all M "
-        "trajectories sampled from the prompt: GRPO and the other flat baselines).",
+        "Branching rule (`core.branching.BRANCHING_RULES`): "
+        + "; ".join(f"`{name}`: {BRANCHING_RULES.get(name).doc}" for name in BRANCHING_RULES)
+        + ".",
     )
     branching_mode: str = setting(
         "stochastic",
@@ -74,10 +65,10 @@ class RolloutSettings:
     def __post_init__(self) -> None:
         BranchBudget(self.total_rollouts, self.global_samples, self.branch_factor)
         self.branching_policy()
-        if self.aepo_pre_monitoring and self.branching == "none":
+        if self.aepo_pre_monitoring and not self.rule.branches:
             raise ValueError(
                 "aepo_pre_monitoring splits the budget between global samples and branches: "
-                "it needs a branching rule, not branching: none"
+                f"it needs a branching rule that forks, not branching: {self.branching}"
             )
         at_least = {
             "entropy_window (k)": (self.entropy_window, 1),
@@ -100,21 +91,19 @@ class RolloutSettings:
             )
 
     @property
+    def rule(self) -> BranchingRule:
+        """The registered rule named by ``branching``; a ValueError lists the known ones."""
+        try:
+            return BRANCHING_RULES.get(self.branching)
+        except ValueError as error:
+            raise ValueError(f"branching: {error}") from None
+
+    @property
     def global_samples(self) -> int:
-        """Trajectories sampled from the prompt before any branching: N, or M for ``branching: none``."""
-        return self.total_rollouts if self.branching == "none" else self.initial_rollouts
+        """Trajectories sampled from the prompt before any branching: N, or M for a rule that
+        never forks (``branching: none``)."""
+        return self.initial_rollouts if self.rule.branches else self.total_rollouts
 
     def branching_policy(self) -> BranchingPolicy:
-        """The configured rule: ARPO's (alpha, beta, tau, mode), wrapped in AEPO's
-        consecutive-branch penalty for ``branching: aepo``; a coin of probability tau for
-        ``branching: random``."""
-        if self.branching not in BRANCHING_RULES:
-            raise ValueError(f"branching must be one of {list(BRANCHING_RULES)}, got {self.branching!r}")
-        if self.branching == "none":
-            return NoBranching()
-        if self.branching == "random":
-            return RandomBranchingPolicy(probability=self.tau)
-        rule = ARPOBranchingPolicy(alpha=self.alpha, beta=self.beta, tau=self.tau, mode=self.branching_mode)
-        if self.branching == "aepo":
-            return AEPOBranchingPolicy(base=rule, penalty=self.aepo_branch_penalty)
-        return rule
+        """The configured rule's policy, built from these settings (``core.branching.BRANCHING_RULES``)."""
+        return self.rule.build(self)

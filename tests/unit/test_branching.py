@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from rllib_arpo.core.branching import (
+    BRANCHING_RULES,
     AEPOBranchingPolicy,
     ARPOBranchingPolicy,
     BranchBudget,
@@ -193,7 +194,7 @@ def test_rollout_settings_build_the_configured_rule_and_validate_it_by_building_
     assert RolloutSettings().branching_policy().mode == "stochastic"  # the one default, the reference code's
     assert RolloutSettings(branching="random", tau=0.3).branching_policy() == RandomBranchingPolicy(probability=0.3)
     assert isinstance(RolloutSettings(branching="none").branching_policy(), NoBranching)
-    with pytest.raises(ValueError, match="branching must be one of \\['arpo', 'aepo', 'random', 'none'\\], got 'ppo'"):
+    with pytest.raises(ValueError, match="branching: unknown branching rule 'ppo'; known: aepo, arpo, none, random"):
         RolloutSettings(branching="ppo")
     with pytest.raises(ValueError, match=r"tau must lie in \[0, 1\], got 2.0"):
         RolloutSettings(branching="aepo", tau=2.0)
@@ -345,3 +346,18 @@ def test_no_branching_never_forks():
     policy = NoBranching()
     rng = np.random.default_rng(0)
     assert not any(policy.should_branch(delta, n, rng) for delta in (-1.0, 0.0, 1.0, 100.0) for n in (0, 3))
+
+
+def test_a_registered_rule_is_a_valid_branching_setting_with_its_declared_needs(monkeypatch):
+    monkeypatch.setattr(BRANCHING_RULES, "_entries", dict(BRANCHING_RULES._entries))
+
+    @BRANCHING_RULES.register("coin", doc="a fair coin at every tool call")
+    def coin(settings):
+        return RandomBranchingPolicy(probability=0.5)
+
+    BRANCHING_RULES.register("flat", doc="never", branches=False)(lambda settings: NoBranching())
+    assert RolloutSettings(branching="coin").branching_policy() == RandomBranchingPolicy(probability=0.5)
+    assert RolloutSettings(branching="coin", total_rollouts=6, initial_rollouts=2).global_samples == 2
+    assert RolloutSettings(branching="flat", total_rollouts=6, initial_rollouts=2).global_samples == 6
+    with pytest.raises(ValueError, match="needs a branching rule that forks, not branching: flat"):
+        RolloutSettings(branching="flat", aepo_pre_monitoring=True)

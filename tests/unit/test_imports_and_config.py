@@ -37,7 +37,7 @@ def test_core_imports_neither_ray_nor_transformers():
         ({"engine": "sglang"}, "engine: unknown generation engine 'sglang'.*known: hf, vllm"),
         ({"dtype": "fp8"}, "dtype must be one of"),
         ({"branching_mode": "always"}, r"mode \(branching_mode\) must be one of \['threshold', 'stochastic'\]"),
-        ({"branching": "tree"}, "branching must be one of"),
+        ({"branching": "tree"}, "branching: unknown branching rule 'tree'; known: aepo, arpo, none, random"),
         ({"top_p": 0.0}, r"top_p must lie in \(0, 1\]"),
         ({"temperature": 0.0}, "temperature must be > 0 for RL sampling"),
         ({"kl_kind": "k4"}, "kl_kind: unknown KL estimator 'k4'; known: k1, k2, k3"),
