@@ -205,9 +205,10 @@ class ARPOConfig(AlgorithmConfig):
                     f"dtype float16 with master_weights needs loss scaling: use bfloat16, or learner_backend: "
                     f"{' or '.join(scaling)} (dynamic loss scaling)"
                 )
-            if self.reward_kl_coef > 0 and self.advantage_estimator != "reinforce_pp":
+            if self.reward_kl_coef > 0 and not ADVANTAGE_ESTIMATORS.get(self.advantage_estimator).takes_token_kl:
+                folding = [name for name in ADVANTAGE_ESTIMATORS if ADVANTAGE_ESTIMATORS.get(name).takes_token_kl]
                 raise ValueError(
-                    f"reward_kl_coef folds the KL into reinforce_pp's returns; advantage_estimator is "
+                    f"reward_kl_coef folds the KL into the returns of {', '.join(folding)}; advantage_estimator is "
                     f"{self.advantage_estimator!r} (use kl_coef for a KL loss term)"
                 )
         except ValueError as error:

@@ -10,10 +10,10 @@ directly by the EnvRunner and the learner. Paper symbols are given in brackets.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, make_dataclass
 from typing import Any
 
-from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, entropy_advantage_base_estimator
+from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, entropy_advantage_base_estimator, estimator_settings
 from rllib_arpo.core.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, check_dual_clip
 from rllib_arpo.core.registry import Registry
 from rllib_arpo.core.rewards import RewardSettings
@@ -122,17 +122,17 @@ class HeldOutSettings:
 
 
 @dataclass(frozen=True)
-class LearningSettings:
-    """Advantages and the policy loss (RLlib's own `lr`, `grad_clip`, `num_epochs`, `minibatch_size` apply too)."""
+class _LearningFields:
+    """Advantages and the policy loss (RLlib's own `lr`, `grad_clip`, `num_epochs`, `minibatch_size` apply too).
+
+    The advantage estimators' own fields (``entropy_advantage_coef``, ``reward_kl_coef``, ...)
+    are declared with the estimators (``core.advantages``) and added in ``LearningSettings``.
+    """
 
     advantage_estimator: str = setting(
         "arpo_soft",
         "`arpo_soft`, `arpo_hard`, `grpo`, `dr_grpo`, `rloo`/`loop`, `reinforce_pp`, `aepo` (`core.advantages`).",
     )
-    entropy_advantage_coef: float = setting(
-        0.2, "[a] AEPO's entropy-aware advantage A^Acc * (1 + a * sg(A^dH)), A^dH the standardised token entropy."
-    )
-    entropy_advantage_base: str = setting("grpo", "AEPO's entropy-aware advantage: the estimator giving A^Acc.")
     policy_loss: str = setting(
         "ppo_clip",
         "`ppo_clip`, `sg_clip`/`gppo` (stop-gradient at both bounds), `aepo_clip` (at the upper bound), `cispo`.",
@@ -158,9 +158,6 @@ class LearningSettings:
         "correcting for tokens the engine drew with other numerics; needs `old_logprobs: learner`; null: off.",
     )
     kl_coef: float = setting(0.0, "Weight of the KL loss term to the initial policy; 0: no reference model.")
-    reward_kl_coef: float = setting(
-        0.0, "REINFORCE++: weight of the KL to the initial policy folded into the reward (`reinforce_pp` only)."
-    )
     kl_kind: str = setting("k3", f"KL estimator: {', '.join(f'`{name}`' for name in KL_ESTIMATORS)}.")
     dynamic_sampling: bool = setting(
         False, "DAPO: drop prompts whose trajectories all got the same reward and sample more until the batch is full."
@@ -176,6 +173,7 @@ class LearningSettings:
 
     def __post_init__(self) -> None:
         _registered("advantage_estimator", ADVANTAGE_ESTIMATORS, self.advantage_estimator)
+        # the estimators' fields (LearningSettings)
         _registered("entropy_advantage_base", ADVANTAGE_ESTIMATORS, self.entropy_advantage_base)
         entropy_advantage_base_estimator(self.entropy_advantage_base)
         _registered("policy_loss", POLICY_LOSSES, self.policy_loss)
@@ -208,6 +206,11 @@ class LearningSettings:
                 "dynamic_sampling_max_rounds": (self.dynamic_sampling_max_rounds, 1),
             }
         )
+
+
+LearningSettings = make_dataclass("LearningSettings", estimator_settings(), bases=(_LearningFields,), frozen=True)
+"""``_LearningFields`` plus the config fields the registered advantage estimators declare."""
+LearningSettings.__module__, LearningSettings.__doc__ = __name__, _LearningFields.__doc__
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,10 @@ mask later); keeping them makes every array line up with ``TrajectoryRow.respons
 
 An estimator is ``fn(trees, rewards, rows, *, option=default, ...)``: ``rows[p]`` are the rows of
 prompt p, and it returns one array per row, flattened in the same order. Its keyword-only options
-are explicit; the algorithm fills those whose names are config fields from the config
-(``AdvantageEstimator.options_from``).
+are explicit. Those it registers as ``config_fields`` (with their docs) are config fields of the
+same name, type and default (``config_fields.LearningSettings`` takes them from here), and only
+those are filled from the config (``AdvantageEstimator.options_from``): an option that happens
+to share a name with another config field (RLlib's ``gamma``, say) keeps its own default.
 
 Trajectory-level estimators (one scalar A_i per trajectory i of a prompt's group G, |G| = M):
 
@@ -47,12 +49,15 @@ NaN or infinite rewards are rejected with a ValueError.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from rllib_arpo.core.registry import Registry
+from rllib_arpo.core.settings import setting
 from rllib_arpo.core.tree import RolloutTree, TrajectoryRow, batch_rows
 
 TokenAdvantages = list[np.ndarray]
@@ -74,10 +79,18 @@ class AdvantageEstimator:
     Attributes:
         fn: ``fn(trees, rewards, rows, *, options) -> TokenAdvantages`` (module docstring).
         dedupe_rows: True when shared spans are trained once (rows from ``to_rows(dedupe=True)``).
+        config_fields: option -> the doc of the config field of the same name that sets it; the
+            field's type and default are the option's.
     """
 
     fn: Callable[..., TokenAdvantages]
     dedupe_rows: bool = False
+    config_fields: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        undeclared = sorted(set(self.config_fields) - set(self.options))
+        if undeclared:
+            raise ValueError(f"{self.fn.__name__}: config_fields {undeclared} are not keyword-only options of it")
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -85,23 +98,50 @@ class AdvantageEstimator:
         parameters = inspect.signature(self.fn).parameters.values()
         return tuple(p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY)
 
+    @property
+    def takes_token_kl(self) -> bool:
+        """Whether it folds the per-token KL to the initial policy into its returns (``token_kl``,
+        which the EnvRunner measures with a reference model when ``reward_kl_coef`` > 0)."""
+        return "token_kl" in self.options
+
     def options_from(self, config: object) -> dict:
-        """The options that ``config`` sets: those of ``options`` that are attributes of it."""
-        return {name: getattr(config, name) for name in self.options if hasattr(config, name)}
+        """The options ``config`` sets: those declared in ``config_fields``, nothing else."""
+        return {name: getattr(config, name) for name in self.config_fields}
+
+    def settings(self) -> list[tuple[str, Any, Any]]:
+        """``(name, type, setting(default, doc))`` of each of ``config_fields``."""
+        hints = typing.get_type_hints(self.fn)
+        parameters = inspect.signature(self.fn).parameters
+        return [(name, hints[name], setting(parameters[name].default, doc)) for name, doc in self.config_fields.items()]
 
 
 class AdvantageEstimatorRegistry(Registry[AdvantageEstimator]):
     """``Registry`` whose ``register`` decorates a plain estimator function."""
 
-    def register(self, *names: str, dedupe_rows: bool = False):
+    def register(self, *names: str, dedupe_rows: bool = False, config_fields: Mapping[str, str] | None = None):
         def decorator(fn: Callable[..., TokenAdvantages]) -> Callable[..., TokenAdvantages]:
-            Registry.register(self, *names)(AdvantageEstimator(fn, dedupe_rows))
+            Registry.register(self, *names)(AdvantageEstimator(fn, dedupe_rows, dict(config_fields or {})))
             return fn
 
         return decorator
 
 
 ADVANTAGE_ESTIMATORS = AdvantageEstimatorRegistry("advantage estimator")
+
+
+def estimator_settings() -> list[tuple[str, Any, Any]]:
+    """The config fields the registered estimators declare, for ``dataclasses.make_dataclass``;
+    a field two estimators declare must have the same type and default in both."""
+    declared: dict[str, tuple[str, Any, Any]] = {}
+    for name in ADVANTAGE_ESTIMATORS:
+        for field_name, hint, settings_field in ADVANTAGE_ESTIMATORS.get(name).settings():
+            if field_name in declared:
+                _, other_hint, other = declared[field_name]
+                if (other_hint, other.default) != (hint, settings_field.default):
+                    raise ValueError(f"estimators declare config field {field_name!r} with different types or defaults")
+                continue
+            declared[field_name] = (field_name, hint, settings_field)
+    return list(declared.values())
 
 
 def compute_advantages(
@@ -166,7 +206,13 @@ def rloo(trees, rewards, rows) -> TokenAdvantages:
     return broadcast_trajectory_advantages(trees, [leave_one_out(r) for r in rewards])
 
 
-@ADVANTAGE_ESTIMATORS.register("reinforce_pp")
+@ADVANTAGE_ESTIMATORS.register(
+    "reinforce_pp",
+    config_fields={
+        "reward_kl_coef": "REINFORCE++: weight of the KL to the initial policy folded into the reward "
+        "(`reinforce_pp` only)."
+    },
+)
 def reinforce_pp(
     trees,
     rewards,
@@ -218,7 +264,14 @@ def entropy_advantage_base_estimator(name: str) -> AdvantageEstimator:
     return ADVANTAGE_ESTIMATORS.get(name)
 
 
-@ADVANTAGE_ESTIMATORS.register("aepo")
+@ADVANTAGE_ESTIMATORS.register(
+    "aepo",
+    config_fields={
+        "entropy_advantage_coef": "[a] AEPO's entropy-aware advantage A^Acc * (1 + a * sg(A^dH)), A^dH the "
+        "standardised token entropy.",
+        "entropy_advantage_base": "AEPO's entropy-aware advantage: the estimator giving A^Acc.",
+    },
+)
 def aepo(
     trees,
     rewards,

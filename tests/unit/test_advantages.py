@@ -162,22 +162,42 @@ def test_advantages_come_with_the_rows_they_were_computed_for(name, dedupe):
     assert [float(r.loss_mask[:2].sum()) for r in attributed.rows[:2]] == ([2.0, 0.0] if dedupe else [2.0, 2.0])
 
 
-def test_options_are_explicit_and_filled_from_config_fields_of_the_same_name():
+def test_options_are_explicit_and_only_the_declared_ones_are_filled_from_the_config():
     class Config:
         entropy_advantage_coef = 0.5
         entropy_advantage_base = "rloo"
         reward_kl_coef = 0.1
+        eps = 0.3  # an option of aepo, but not one it declares as a config field
         lr = 1e-6
 
     assert ADVANTAGE_ESTIMATORS.get("aepo").options == ("entropy_advantage_base", "entropy_advantage_coef", "eps")
     assert ADVANTAGE_ESTIMATORS.get("aepo").options_from(Config()) == {
-        "entropy_advantage_base": "rloo",
         "entropy_advantage_coef": 0.5,
+        "entropy_advantage_base": "rloo",
     }
     assert ADVANTAGE_ESTIMATORS.get("reinforce_pp").options_from(Config()) == {"reward_kl_coef": 0.1}
     assert ADVANTAGE_ESTIMATORS.get("dr_grpo").options_from(Config()) == {}
     with pytest.raises(TypeError, match="entropy_coef"):
         compute_advantages("aepo", [flat_group([1, 1])], [[1.0, 0.0]], entropy_coef=0.2)
+
+
+def test_an_undeclared_option_is_not_filled_from_rllib_fields_and_a_declared_one_is_a_config_field(monkeypatch):
+    from rllib_arpo.algorithm import ARPOConfig
+
+    monkeypatch.setattr(ADVANTAGE_ESTIMATORS, "_entries", dict(ADVANTAGE_ESTIMATORS._entries))
+
+    @ADVANTAGE_ESTIMATORS.register("discounted", config_fields={"discount_scale": "A doc."})
+    def discounted(trees, rewards, rows, *, gamma: float = 0.5, discount_scale: float = 1.0):
+        return broadcast_trajectory_advantages(trees, [gamma * discount_scale * r for r in rewards])
+
+    config = ARPOConfig()
+    config.discount_scale = 2.0
+    assert config.gamma == 0.99  # RLlib's own field of the same name as the option
+    assert ADVANTAGE_ESTIMATORS.get("discounted").options_from(config) == {"discount_scale": 2.0}
+    assert ADVANTAGE_ESTIMATORS.get("discounted").settings()[0][:2] == ("discount_scale", float)
+    assert ADVANTAGE_ESTIMATORS.get("discounted").settings()[0][2].default == 1.0
+    with pytest.raises(ValueError, match=r"config_fields \['gama'\] are not keyword-only options"):
+        ADVANTAGE_ESTIMATORS.register("typo", config_fields={"gama": "A doc."})(discounted)
 
 
 def test_a_new_estimator_registers_once_and_a_second_one_under_its_name_is_refused(monkeypatch):

@@ -59,6 +59,11 @@ def test_core_imports_neither_ray_nor_transformers():
             r"rloo\), got 'arpo_hard'",
         ),
         ({"micro_batch_size": 0}, "micro_batch_size must be >= 1"),
+        (
+            {"reward_kl_coef": 0.1},
+            "reward_kl_coef folds the KL into the returns of reinforce_pp; advantage_estimator is",
+        ),
+        ({"entropy_advantage_coef": "big"}, "entropy_advantage_coef: expected a number, got 'big'"),
         ({"model_path": None}, "model_path: name a save_pretrained directory, a Hugging Face hub model or one of tiny"),
         ({"tau": "abc"}, "tau: expected a number, got 'abc'"),
         ({"max_tool_calls": 2.5}, "max_tool_calls: expected an integer, got 2.5"),
