@@ -111,7 +111,10 @@ class HeldOutSettings:
     held_out_interval: int = setting(
         0, "0: off; else evaluate before the first update and after every `held_out_interval` iterations."
     )
-    held_out_dataset: dict | None = setting(None, "Held-out questions; null: the `tir_task`'s `test` split.")
+    held_out_dataset: dict | None = setting(
+        None,
+        "Held-out questions; null: the training dataset's held-out split where its type has one (`tir_task`: `test`).",
+    )
     held_out_size: int | None = setting(None, "Evaluate the first this many questions; null: all.")
     held_out_temperature: float = setting(0.0, "Sampling temperature of the evaluation (0 = greedy).")
 

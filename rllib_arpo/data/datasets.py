@@ -61,15 +61,44 @@ class PromptExample:
     plain_prompt: str | None = None
 
 
-DATASET_LOADERS: Registry[Callable[..., list[PromptExample]]] = Registry("dataset type")
-"""Dataset type (the ``type`` of the config's ``dataset``) -> loader; the other keys of the
-spec are the loader's keyword arguments."""
+@dataclass(frozen=True)
+class DatasetLoader:
+    """A registered dataset type.
+
+    Attributes:
+        load: ``load(**options) -> list[PromptExample]``, the options being the other keys of
+            the config's ``dataset``.
+        held_out_split: the split that holds its held-out questions (the default held-out set,
+            the same spec with this ``split``); None: ``held_out_dataset`` must name one.
+        documents: ``documents(spec) -> list[str]``: the retrieval corpus the dataset brings with
+            it (searched instead of the search tool's own); None: it brings none.
+    """
+
+    load: Callable[..., list[PromptExample]]
+    held_out_split: str | None = None
+    documents: Callable[[Mapping[str, Any]], list[str]] | None = None
+
+
+class DatasetLoaderRegistry(Registry[DatasetLoader]):
+    """``Registry`` whose ``register`` decorates a plain loader function."""
+
+    def register(self, *names: str, held_out_split: str | None = None, documents=None):
+        def decorator(load: Callable[..., list[PromptExample]]) -> Callable[..., list[PromptExample]]:
+            Registry.register(self, *names)(DatasetLoader(load, held_out_split, documents))
+            return load
+
+        return decorator
+
+
+DATASET_LOADERS = DatasetLoaderRegistry("dataset type")
+"""Dataset type (the ``type`` of the config's ``dataset``) -> ``DatasetLoader``; the other keys
+of the spec are the loader's keyword arguments."""
 
 
 def load_dataset(spec: Mapping[str, Any]) -> list[PromptExample]:
     spec = dict(spec)
     kind = spec.pop("type", None)
-    loader = DATASET_LOADERS.get(kind)
+    loader = DATASET_LOADERS.get(kind).load
     try:
         examples = loader(**spec)
     except TypeError as error:
@@ -79,7 +108,15 @@ def load_dataset(spec: Mapping[str, Any]) -> list[PromptExample]:
     return examples
 
 
-@DATASET_LOADERS.register("tir_task")
+def _tir_task_corpus(spec: Mapping[str, Any]) -> list[str]:
+    """The TIR task's knowledge base, for the task options of ``spec``."""
+    from rllib_arpo.data.tir_task import TIRTask
+
+    options = {k: v for k, v in spec.items() if k not in ("type", "split", "system_prompt")}
+    return TIRTask(**options).corpus()
+
+
+@DATASET_LOADERS.register("tir_task", held_out_split="test", documents=_tir_task_corpus)
 def _load_tir_task(
     seed: int = 0, split: str = "train", system_prompt: str = TIR_SYSTEM_PROMPT, **task_kwargs
 ) -> list[PromptExample]:
@@ -216,13 +253,10 @@ def _existing(path: str) -> Path:
 
 
 def dataset_documents(spec: Mapping[str, Any]) -> list[str] | None:
-    """The retrieval corpus a dataset brings with it (the TIR task's knowledge base), else None."""
-    if spec.get("type") != "tir_task":
-        return None
-    from rllib_arpo.data.tir_task import TIRTask
-
-    options = {k: v for k, v in spec.items() if k not in ("type", "split", "system_prompt")}
-    return TIRTask(**options).corpus()
+    """The retrieval corpus a dataset brings with it (the TIR task's knowledge base), else None
+    (``DatasetLoader.documents``)."""
+    documents = DATASET_LOADERS.get(spec.get("type")).documents
+    return None if documents is None else documents(spec)
 
 
 SEARCH_CORPUS_OPTIONS = ("backend", "corpus_path", "documents", "backend_options")

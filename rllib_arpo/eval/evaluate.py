@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 from rllib_arpo.core.branching import NoBranching
 from rllib_arpo.core.rewards import RewardBreakdown, RewardSettings, accuracy, pass_at_k
 from rllib_arpo.core.settings import from_config
-from rllib_arpo.data.datasets import PromptExample, load_dataset
+from rllib_arpo.data.datasets import DATASET_LOADERS, PromptExample, load_dataset
 from rllib_arpo.data.prompts import encode_prompt
 from rllib_arpo.rollout.engine import GenerationEngine
 from rllib_arpo.rollout.scoring import score_trees
@@ -172,13 +172,15 @@ def evaluate_policy(
 
 
 def held_out_examples(config) -> list[PromptExample]:
-    """The held-out questions of an ``ARPOConfig``: ``held_out_dataset`` (default: the
-    ``tir_task``'s ``test`` split), the first ``held_out_size`` of them."""
+    """The held-out questions of an ``ARPOConfig``: ``held_out_dataset`` (default: the training
+    dataset's held-out split where its type declares one, ``DatasetLoader.held_out_split``: the
+    ``tir_task``'s ``test``), the first ``held_out_size`` of them."""
     spec = config.held_out_dataset
     if spec is None:
-        if config.dataset.get("type") != "tir_task":
+        split = DATASET_LOADERS.get(config.dataset.get("type")).held_out_split
+        if split is None:
             raise ValueError("held_out_interval > 0 needs held_out_dataset for this dataset")
-        spec = {**config.dataset, "split": "test"}
+        spec = {**config.dataset, "split": split}
     return load_dataset(spec)[: config.held_out_size]
 
 

@@ -134,3 +134,23 @@ def test_the_policy_is_a_model_directory_or_the_one_a_checkpoint_holds(tmp_path)
     assert policy_directory(str(checkpoint)) == str(checkpoint / "policy")
     with pytest.raises(ValueError, match=r"policy '.*empty': neither a named model \(tiny, smollm2-135m\)"):
         policy_directory(str(tmp_path / "empty"))
+
+
+def test_the_default_held_out_set_is_the_split_the_dataset_type_declares(monkeypatch):
+    from types import SimpleNamespace
+
+    from rllib_arpo.data.datasets import DATASET_LOADERS, PromptExample, dataset_documents
+    from rllib_arpo.eval.evaluate import held_out_examples
+
+    monkeypatch.setattr(DATASET_LOADERS, "_entries", dict(DATASET_LOADERS._entries))
+
+    @DATASET_LOADERS.register("toy", held_out_split="dev", documents=lambda spec: [f"doc of {spec['split']}"])
+    def toy(split: str = "train"):
+        return [PromptExample(f"{split} question", "1", "math", "toy")]
+
+    config = SimpleNamespace(dataset={"type": "toy", "split": "train"}, held_out_dataset=None, held_out_size=None)
+    assert [e.prompt for e in held_out_examples(config)] == ["dev question"]
+    assert dataset_documents({"type": "toy", "split": "train"}) == ["doc of train"]
+    assert dataset_documents({"type": "jsonl", "path": "x.jsonl"}) is None
+    with pytest.raises(ValueError, match="needs held_out_dataset for this dataset"):
+        held_out_examples(SimpleNamespace(dataset={"type": "jsonl", "path": "x.jsonl"}, held_out_dataset=None))
