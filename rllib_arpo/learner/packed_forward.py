@@ -121,6 +121,9 @@ def _blocks_on(micro: PackedMicroBatch, device) -> list[tuple]:
 
 
 def _in_rows(values: torch.Tensor, row_targets: torch.Tensor) -> torch.Tensor:
-    """``values[row_targets]`` with 0 where ``row_targets`` is -1."""
+    """``values[row_targets]`` with 0 where ``row_targets`` is -1 (everywhere when the micro-batch
+    trains no token, e.g. ``arpo_hard``'s fully shared rows alone in one: still in the graph)."""
+    if values.numel() == 0:
+        return torch.zeros(row_targets.shape, dtype=values.dtype, device=values.device) + values.sum()
     gathered = values[row_targets.clamp_min(0)]
     return torch.where(row_targets >= 0, gathered, torch.zeros((), dtype=values.dtype, device=values.device))

@@ -393,6 +393,18 @@ def test_a_packed_update_gives_the_padded_update(model_dir, packing, micro_batch
         torch.testing.assert_close(value, after[name], atol=1e-5, rtol=0, msg=name)
 
 
+@pytest.mark.parametrize("packing", ["packed", "tree"])
+def test_a_micro_batch_that_trains_no_token_adds_nothing(model_dir, packing):
+    """ROWS' third row (2 + 4 tokens) trains no token, as arpo_hard's fully shared rows do; with 6
+    tokens a micro-batch it is packed alone and its pass adds a zero gradient."""
+    padded = build_learner(model_dir, micro_batch_size=2)
+    packed = build_learner(model_dir, learners={"packing": packing, "micro_batch_tokens": 6})
+    batch = training_batch(padded)
+    expected = gradients(padded, batch)
+    for name, grad in gradients(packed, batch).items():
+        torch.testing.assert_close(grad, expected[name], atol=1e-6, rtol=0, msg=name)
+
+
 def batch_sampled_in_bfloat16(model_dir: str, learner: ARPOTorchLearner) -> dict[str, torch.Tensor]:
     """``training_batch`` rows whose old log-probs are those of the same weights in bfloat16 (an
     engine in bf16), where the learner computes in float32."""
