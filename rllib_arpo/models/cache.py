@@ -14,8 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 TINY_POLICY_NAME = "tiny"
-TINY_POLICY_DIRECTORY = "tiny_policy_v4"
-"""Versioned: v4 holds the policy with a copy drill before its warm start, so an older cache is never reused."""
+TINY_POLICY_DIRECTORY = "tiny_policy_v5"
+"""Versioned, so an older cache is never reused: v4 added the copy drill before the warm start; v5
+is built with the full-logits SFT loss (a v4 built after the trained-positions-only loss came in
+answers almost nothing)."""
 
 SMOLLM2_NAME = "smollm2-135m"
 SMOLLM2_DIRECTORY = "smollm2_135m_instruct_v1"

@@ -243,12 +243,17 @@ def pad_batch(sequences: list[SFTSequence], pad_token_id: int) -> dict[str, torc
 def sft_loss(model: PreTrainedModel, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """Token-level mean next-token cross entropy over the trained tokens (module docstring).
 
-    The output layer runs on the trained positions only: a real model's vocabulary projection
-    is a large part of its compute, and most positions (prompt, tool results) are not trained."""
-    hidden = model.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
-    trained = batch["loss_mask"][:, 1:] > 0
-    logits = model.get_output_embeddings()(hidden[:, :-1][trained])
-    return torch.nn.functional.cross_entropy(logits.float(), batch["input_ids"][:, 1:][trained])
+    The logits of every position, masked afterwards. Running the output layer on the trained
+    positions only gives the same loss and gradients to float rounding (3e-7 relative), but the
+    tiny policy's build is that sensitive to rounding: built so, its copy heads did not survive
+    the SFT (accuracy on 96 test questions at T = 0.6: 0.00, against 0.68 with this form; 0.31 with
+    another initial seed), so a cheaper form must pass ``tests/integration/test_tiny_policy_build.py``."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+    mask = batch["loss_mask"][:, 1:]
+    token_loss = torch.nn.functional.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), batch["input_ids"][:, 1:].reshape(-1), reduction="none"
+    )
+    return (token_loss * mask.reshape(-1)).sum() / mask.sum()
 
 
 def warm_start(
