@@ -38,6 +38,7 @@ from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
 from rllib_arpo.core.settings import default_of, from_config
 from rllib_arpo.core.tree import SegmentKind
 from rllib_arpo.eval.evaluate import evaluate_env_runner
+from rllib_arpo.eval.report import BEFORE_TRAINING, EVALUATION
 from rllib_arpo.family import FAMILY
 from rllib_arpo.learner.backends import LEARNER_BACKENDS
 from rllib_arpo.learner.checkpoint import POLICY_DIRECTORY, export_policy
@@ -54,8 +55,6 @@ from rllib_arpo.weight_sync import WEIGHT_SYNCS
 
 MAX_SAMPLE_ATTEMPTS = 3
 RESTART_TIMEOUT_S = 300.0
-BEFORE_TRAINING = "evaluation_before_training"
-"""Result group of the held-out evaluation before the first update (``evaluation`` holds the others)."""
 
 
 @dataclass(frozen=True)
@@ -392,15 +391,14 @@ class ARPO(Algorithm):
     def evaluate_held_out(self, after_iteration: int) -> None:
         """Run the held-out split on one EnvRunner with the weights after ``after_iteration``
         updates; log ``evaluation/*`` (``evaluation_before_training/*`` for the one before the
-        first update, which the first iteration's result holds beside its own evaluation when
-        ``held_out_interval`` is 1)."""
+        first update: ``eval.report.BEFORE_TRAINING``)."""
         if self.config.num_env_runners == 0:
             metrics = evaluate_env_runner(self.env_runner)
         else:
             [metrics] = self.env_runner_group.foreach_env_runner(
                 evaluate_env_runner, local_env_runner=False, remote_worker_ids=[1]
             )
-        group = "evaluation" if after_iteration else BEFORE_TRAINING
+        group = EVALUATION if after_iteration else BEFORE_TRAINING
         for key, value in {**metrics, "after_iteration": after_iteration}.items():
             self.metrics.log_value((group, key), value, window=1)
 

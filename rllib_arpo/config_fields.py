@@ -14,7 +14,7 @@ from dataclasses import dataclass, make_dataclass
 from typing import Any
 
 from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, entropy_advantage_base_estimator, estimator_settings
-from rllib_arpo.core.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, check_dual_clip
+from rllib_arpo.core.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, check_dual_clip, check_tis_cap
 from rllib_arpo.core.registry import Registry
 from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.core.settings import check_type, setting
@@ -191,14 +191,12 @@ class _LearningFields:
             )
         if self.old_logprobs not in OLD_LOGPROB_SOURCES:
             raise ValueError(f"old_logprobs must be one of {list(OLD_LOGPROB_SOURCES)}, got {self.old_logprobs!r}")
-        if self.tis_cap is not None:
-            if not self.tis_cap >= 1:
-                raise ValueError(f"tis_cap must be >= 1 (or null), got {self.tis_cap!r}")
-            if self.old_logprobs != "learner":
-                raise ValueError(
-                    "tis_cap needs old_logprobs: learner (the weight is pi_learner / pi_engine, and the learner's "
-                    "log-probs are computed only then)"
-                )
+        check_tis_cap(self.tis_cap)
+        if self.tis_cap is not None and self.old_logprobs != "learner":
+            raise ValueError(
+                "tis_cap needs old_logprobs: learner (the weight is pi_learner / pi_engine, and the learner's "
+                "log-probs are computed only then)"
+            )
         _registered("kl_kind", KL_ESTIMATORS, self.kl_kind)
         _at_least(
             {

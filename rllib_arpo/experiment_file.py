@@ -46,6 +46,7 @@ from typing import Any
 import yaml
 
 from rllib_arpo.core.settings import check_type, from_config
+from rllib_arpo.eval.report import BEFORE_TRAINING, EVALUATION
 
 EXPERIMENT_KEYS = {"run", "stop", "config", "checkpoint_config", "storage_path", "num_samples", "scheduler"}
 SEARCH_SPACES = ("grid_search", "choice", "uniform", "loguniform", "randint")
@@ -70,8 +71,8 @@ RESULT_VALUES = (
 RESULT_GROUPS = (
     "env_runners",
     "learners",
-    "evaluation",
-    "evaluation_before_training",
+    EVALUATION,
+    BEFORE_TRAINING,
     "sampled",
     "timers",
     "fault_tolerance",

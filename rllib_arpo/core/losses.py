@@ -66,6 +66,12 @@ def check_dual_clip(dual_clip: float | None, policy_loss: str = "ppo_clip") -> N
         )
 
 
+def check_tis_cap(tis_cap: float | None) -> None:
+    """``tis_cap`` is None, or the truncation C >= 1 of ``truncated_importance_weights``."""
+    if tis_cap is not None and not tis_cap >= 1:
+        raise ValueError(f"tis_cap must be >= 1 (or null), got {tis_cap!r}")
+
+
 def _clipped_surrogate(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -449,6 +455,5 @@ def truncated_importance_weights(
 ) -> torch.Tensor:
     """w_t = min(exp(log pi_old - log pi_sampler), C), no gradient: the weight of a token drawn by
     the sampler (the engine) in a loss taken under pi_old (the learner's numerics)."""
-    if not cap >= 1.0:
-        raise ValueError(f"tis_cap must be >= 1, got {cap}")
+    check_tis_cap(cap)
     return torch.exp(old_logprobs - sampler_logprobs).clamp(max=cap).detach()

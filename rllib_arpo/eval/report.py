@@ -10,6 +10,12 @@ import json
 import math
 from pathlib import Path
 
+EVALUATION = "evaluation"
+"""Result group of a held-out evaluation after ``after_iteration`` updates."""
+BEFORE_TRAINING = "evaluation_before_training"
+"""Result group of the held-out evaluation before the first update: the first iteration's result
+holds it beside its own evaluation when ``held_out_interval`` is 1."""
+
 TABLE_METRICS = (
     ("accuracy", "accuracy"),
     ("format errors", "format_error_rate"),
@@ -29,13 +35,13 @@ def read_results(trial_dir: str | Path) -> list[dict]:
 def evaluations(results: list[dict]) -> list[tuple[int, dict]]:
     """``(iteration, evaluation metrics)`` for every iteration that ran a held-out evaluation.
 
-    The evaluation before any update is in the first iteration's ``evaluation_before_training``
-    and is reported as iteration 0. Iterations without an evaluation carry the keys with NaN
+    The evaluation before any update is in the first iteration's ``BEFORE_TRAINING`` group and is
+    reported as iteration 0. Iterations without an evaluation carry the keys with NaN
     values (RLlib's metrics logger); they are skipped.
     """
     points = []
     for result in results:
-        for group in ("evaluation_before_training", "evaluation"):
+        for group in (BEFORE_TRAINING, EVALUATION):
             after = (result.get(group) or {}).get("after_iteration")
             if after is not None and not math.isnan(after):
                 points.append((int(after), result[group]))

@@ -151,7 +151,7 @@ class ARPOTorchLearner(TorchLearner):
         }
         learner_logprobs = np.zeros_like(module_batch["old_logprobs"])
         with torch.no_grad():
-            for rows, chunk in self._micro_chunks(config, tensors):
+            for rows, chunk, _ in self._micro_chunks(config, tensors):
                 logprobs = self._forward_train(mid, chunk)["logprobs"]
                 learner_logprobs[rows.cpu().numpy()] = logprobs.float().cpu().numpy()
         module_batch[SAMPLER_LOGPROBS] = module_batch["old_logprobs"]
@@ -245,20 +245,21 @@ class ARPOTorchLearner(TorchLearner):
             self.apply_gradients(self.postprocess_gradients(gradients))
 
     def _micro_chunks(self, config, module_batch: dict[str, Any]):
-        """``(rows, chunk)`` per micro-batch of ``module_batch`` (``packing.micro_batches``):
-        the rows' indices and their entries, with the packed layout under ``PACKED``."""
+        """``(rows, chunk, last)`` per micro-batch of ``module_batch`` (``packing.micro_batches``):
+        the rows' indices, their entries (the packed layout under ``PACKED``), and whether it is
+        the last; each chunk is gathered only when its turn comes."""
         micros = micro_batches(
             *(module_batch[k].cpu().numpy() for k in ("input_ids", "attention_mask", "loss_mask")),
             packing=config.packing,
             micro_batch_size=config.micro_batch_size,
             micro_batch_tokens=config.micro_batch_tokens,
         )
-        for rows, packed in micros:
+        for i, (rows, packed) in enumerate(micros):
             rows = torch.as_tensor(rows, device=self.device)
             chunk = {k: v[rows] for k, v in module_batch.items()}
             if packed is not None:
                 chunk[PACKED] = packed
-            yield rows, chunk
+            yield rows, chunk, i == len(micros) - 1
 
     def _accumulate_gradients(self, mid, config, module_batch: dict[str, Any]) -> torch.Tensor:
         """Forward and backward over micro-batches; returns the batch loss (this learner's share).
@@ -269,18 +270,17 @@ class ARPOTorchLearner(TorchLearner):
         denominators = LOSS_AGGREGATIONS.get(config.loss_agg_mode).row_denominators(module_batch["loss_mask"])
         total = global_sum(denominators.sum().float()).clamp_min(1)
         scale = data_parallel_size() / total
-        chunks = list(self._micro_chunks(config, module_batch))
         mismatch = SamplerMismatch() if self._first_pass else None
         batch_loss = torch.zeros((), device=self.device)
         weighted_metrics: dict[str, float] = {}
-        for i, (rows, chunk) in enumerate(chunks):
+        for rows, chunk, last in self._micro_chunks(config, module_batch):
             share = denominators[rows].sum().float() * scale
-            with self._micro_batch(mid, last=i == len(chunks) - 1):
+            with self._micro_batch(mid, last=last):
                 fwd_out = self._forward_train(mid, chunk)
                 loss, metrics = self._policy_loss(mid, config, chunk, fwd_out)
                 self._backward(mid, loss * share)
             if mismatch is not None:
-                mismatch.add(fwd_out["logprobs"].detach(), chunk, first=i == 0)
+                mismatch.add(fwd_out["logprobs"].detach(), chunk)
             batch_loss += loss.detach() * share
             for key, value in metrics.items():
                 weighted_metrics[key] = weighted_metrics.get(key, 0.0) + value * float(share)
@@ -295,25 +295,26 @@ class ARPOTorchLearner(TorchLearner):
 class SamplerMismatch:
     """How far the engine's log-probs of the sampled tokens are from the learner's, accumulated
     over the micro-batches of an update's first minibatch (before any optimizer step, so the
-    learner's are log pi_old): see the module docstring for the metrics."""
+    learner's are log pi_old): see the module docstring for the metrics. The ratio's spread is
+    taken at the first micro-batch that trains a token."""
 
     def __init__(self) -> None:
         self.kl_sum, self.max_abs, self.tokens = 0.0, 0.0, 0
         self.first_ratio_std, self.first_ratio_max_deviation = 0.0, 0.0
 
-    def add(self, learner_logprobs: torch.Tensor, chunk: dict[str, Any], *, first: bool) -> None:
+    def add(self, learner_logprobs: torch.Tensor, chunk: dict[str, Any]) -> None:
         mask = chunk["loss_mask"] > 0
         if not mask.any():
             return
         sampler = chunk.get(SAMPLER_LOGPROBS, chunk["old_logprobs"])[mask].double()
         learner = learner_logprobs[mask].double()  # k3 of differences near 1e-7 cancels in float32
-        self.kl_sum += float(kl_penalty(sampler, learner, "k3").sum())
-        self.max_abs = max(self.max_abs, float((learner - sampler).abs().max()))
-        self.tokens += int(mask.sum())
-        if first:
+        if self.tokens == 0:
             ratio = torch.exp(learner - chunk["old_logprobs"][mask].double())
             self.first_ratio_std = float(ratio.std(unbiased=False))
             self.first_ratio_max_deviation = float((ratio - 1).abs().max())
+        self.kl_sum += float(kl_penalty(sampler, learner, "k3").sum())
+        self.max_abs = max(self.max_abs, float((learner - sampler).abs().max()))
+        self.tokens += int(mask.sum())
 
     def metrics(self) -> dict[str, float]:
         return {

@@ -164,19 +164,18 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         (with DAPO's overlong shaping, where it is on)."""
         flat = [score for tree_scores in scores for score in tree_scores]
         rewards = np.array([score.reward for score in flat])
-        tool_calls = Counter()
+        tool_calls, response_tokens = Counter(), []
         for tree in trees:
             for i in range(tree.num_trajectories):
                 tool_calls.update(tree.tool_calls(i))
+                response_tokens.append(len(tree.trajectory_response_ids(i)))
         trajectories = len(flat)
         generated = sum(t.num_generated_tokens() for t in trees)
         values = {
             "reward_mean": rewards.mean(),
             "reward_max": rewards.max(),
             "trained_reward_mean": np.concatenate(trained_rewards).mean(),
-            "response_tokens_mean": np.mean(
-                [len(tree.trajectory_response_ids(i)) for tree in trees for i in range(tree.num_trajectories)]
-            ),
+            "response_tokens_mean": np.mean(response_tokens),
             "accuracy": accuracy(flat),
             "format_error_rate": np.mean([not score.format_ok for score in flat]),
             "branches": stats.branches,
