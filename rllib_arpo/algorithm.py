@@ -218,19 +218,20 @@ def fill_batch(sample, target: int, keep_informative: bool, max_rounds: int) -> 
     """The prompt groups of one iteration: ``(tree, rewards, token_kl, pad_token_id)`` per prompt.
 
     ``sample()`` returns the ``RolloutBatch`` of every EnvRunner. Without ``keep_informative``
-    one round is taken as it is. With it (DAPO's dynamic sampling, arXiv 2503.14476, Sec. 3.2)
-    a group whose trajectories all got the same reward (zero advantage everywhere) is dropped,
-    and sampling goes on until ``target`` groups are kept or ``max_rounds`` rounds have run;
-    the batch is cut to ``target`` groups. Returns (groups, rounds, groups sampled).
+    one round is taken as it is. With it (DAPO's dynamic sampling, arXiv 2503.14476, eq. 11:
+    0 < |{o_i : o_i correct}| < G) a group whose trajectories are all equally correct is dropped,
+    all right or all wrong, even where their shaped rewards differ (by format or length alone);
+    sampling goes on until ``target`` groups are kept or ``max_rounds`` rounds have run, and the
+    batch is cut to ``target`` groups. Returns (groups, rounds, groups sampled).
     """
     groups, rounds, sampled = [], 0, 0
     while rounds < max_rounds and (rounds == 0 or len(groups) < target):
         rounds += 1
         for batch in sample():
             token_kl = batch.token_kl or [None] * len(batch.trees)
-            for tree, rewards, kl in zip(batch.trees, batch.rewards, token_kl):
+            for tree, rewards, correctness, kl in zip(batch.trees, batch.rewards, batch.correctness, token_kl):
                 sampled += 1
-                if not keep_informative or np.ptp(rewards) > 0:
+                if not keep_informative or np.ptp(correctness) > 0:
                     groups.append((tree, rewards, kl, batch.pad_token_id))
     return (groups[:target] if keep_informative else groups), rounds, sampled
 

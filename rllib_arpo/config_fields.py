@@ -163,7 +163,9 @@ class _LearningFields:
     kl_coef: float = setting(0.0, "Weight of the KL loss term to the initial policy; 0: no reference model.")
     kl_kind: str = setting("k3", f"KL estimator: {', '.join(f'`{name}`' for name in KL_ESTIMATORS)}.")
     dynamic_sampling: bool = setting(
-        False, "DAPO: drop prompts whose trajectories all got the same reward and sample more until the batch is full."
+        False,
+        "DAPO: drop prompts whose trajectories are all equally correct (all right or all wrong, whatever their "
+        "shaped rewards) and sample more until the batch is full.",
     )
     dynamic_sampling_max_rounds: int = setting(
         4, "DAPO's dynamic sampling: at most this many sampling rounds per iteration (then train on what there is)."

@@ -58,13 +58,14 @@ class DataPosition:
 
 @dataclass
 class RolloutBatch:
-    """What one ``sample()`` returns: one tree per prompt, the reward of each trajectory, the
-    runner's data position after this sample and, when ``reward_kl_coef`` > 0, the per-token KL
-    to the initial policy of each trajectory (``rollout.reference``; one list of arrays per tree,
-    aligned with its full rows)."""
+    """What one ``sample()`` returns: one tree per prompt, the reward RL trains on and the
+    correctness S of each trajectory, the runner's data position after this sample and, when
+    ``reward_kl_coef`` > 0, the per-token KL to the initial policy of each trajectory
+    (``rollout.reference``; one list of arrays per tree, aligned with its full rows)."""
 
     trees: list[RolloutTree]
     rewards: list[np.ndarray]
+    correctness: list[np.ndarray]
     weights_version: int
     pad_token_id: int
     runner_index: int = 0
@@ -155,8 +156,9 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         rewards = training_rewards(trees, scores, self.reward_settings, cfg.max_response_tokens)
         token_kl = [self.reference.token_kl(tree) for tree in trees] if self.reference else None
         self._log_rollout_metrics(trees, scores, rewards, stats, time.perf_counter() - start)
+        correctness = [np.array([score.correctness for score in tree_scores]) for tree_scores in scores]
         version, pad = self.engine.weights_version, self.tokenizer.pad_token_id
-        return RolloutBatch(trees, rewards, version, pad, self.worker_index or 0, self.position, token_kl)
+        return RolloutBatch(trees, rewards, correctness, version, pad, self.worker_index or 0, self.position, token_kl)
 
     def _log_rollout_metrics(self, trees, scores, trained_rewards, stats, seconds: float) -> None:
         """One value per metric and ``sample()`` call (window 1: the latest iteration).

@@ -46,7 +46,9 @@ class RolloutSettings:
         False, "AEPO: a probe trajectory per prompt sets the number m of global samples from its entropies."
     )
     aepo_sensitivity: float = setting(
-        1.0, "[b] AEPO pre-monitoring: m = floor(M * sigmoid(b * (H_root - mean H_tool))) + 1."
+        1.0,
+        "[b] AEPO pre-monitoring: m = M * sigmoid(b * (H_root - mean H_tool)) global trajectories, rounded to "
+        "the nearest integer (halves up) within [1, M]; per nat.",
     )
     aepo_branch_penalty: float = setting(
         0.05, "AEPO (branching: aepo): branch score times max(0, 1 - penalty * l), l = consecutive branchings."

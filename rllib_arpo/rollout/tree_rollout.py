@@ -303,7 +303,7 @@ class TreeRollout:
     # --- AEPO pre-monitoring ---------------------------------------------------------------
     def _budget_from_probe(self, probe: _Path) -> BranchBudget:
         """m = aepo_global_samples(M, H_root, mean H_tool) from the probe trajectory; a probe that
-        called no tool gives H_tool = H_root (no evidence either way: m = floor(M / 2) + 1)."""
+        called no tool gives H_tool = H_root (no evidence either way: m = M / 2 rounded half up)."""
         s = self.settings
         root = probe.h_initial
         tool = float(np.mean(probe.tool_entropies)) if probe.tool_entropies else root

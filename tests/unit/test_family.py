@@ -156,12 +156,16 @@ def test_grpo_and_dr_grpo_aggregate_as_their_papers():
 @dataclass
 class FakeBatch:
     trees: list
-    rewards: list
+    correctness: list
     pad_token_id: int = 0
     token_kl: list | None = None
 
+    @property
+    def rewards(self) -> list:  # shaped rewards that differ in every group: length penalties
+        return [c - 0.1 * np.arange(len(c)) for c in self.correctness]
 
-def test_dapo_dynamic_sampling_refills_the_batch_with_informative_groups():
+
+def test_dapo_dynamic_sampling_refills_the_batch_with_groups_of_mixed_correctness():
     rounds = iter(
         [
             [FakeBatch(["a", "b", "c"], [np.array([1.0, 1.0]), np.array([0.0, 1.0]), np.array([0.0, 0.0])])],
@@ -169,8 +173,10 @@ def test_dapo_dynamic_sampling_refills_the_batch_with_informative_groups():
         ]
     )
     groups, count, sampled = fill_batch(lambda: next(rounds), target=3, keep_informative=True, max_rounds=4)
-    # round 1 keeps b only; round 2 adds d and f: 3 groups, then it stops
+    # round 1 keeps b only (a and c differ in shaped reward but not in correctness); round 2 adds
+    # d and f (F1 0.5 vs 0): 3 groups, then it stops
     assert [g[0] for g in groups] == ["b", "d", "f"] and (count, sampled) == (2, 6)
+    assert groups[0][1].tolist() == [0.0, 0.9]  # the group trains on its shaped rewards
     # without dynamic sampling one round is taken as it is
     one = iter([[FakeBatch(["a", "b"], [np.array([1.0, 1.0]), np.array([0.0, 1.0])])]])
     groups, count, _ = fill_batch(lambda: next(one), target=3, keep_informative=False, max_rounds=1)
