@@ -190,25 +190,33 @@ def run_trl(args) -> dict:
     import torch
     import trl
     from datasets import Dataset
-    from transformers import TrainerCallback
+    from transformers import AutoTokenizer, TrainerCallback
 
     from rllib_arpo.core.rewards import RewardSettings, hierarchical_reward
+    from rllib_arpo.data.prompts import render_prompt
     from rllib_arpo.models.cache import resolve_model_path
 
+    # the prompt text exactly as this project's EnvRunner encodes it (chat template or not), so both
+    # sides generate from the same tokens and TRL hands the reward function plain strings
+    model_path = str(resolve_model_path(args.model))
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
     examples = [example for batch in prompt_batches(args) for example in batch]
     dataset = Dataset.from_list(
-        [{"prompt": e.prompt, "ground_truth": str(e.ground_truth), "task": e.task} for e in examples]
+        [{"prompt": render_prompt(tokenizer, e), "ground_truth": str(e.ground_truth), "task": e.task} for e in examples]
     )
     settings = RewardSettings()
 
     def hierarchical(completions, ground_truth, task, **columns) -> list[float]:
         """This project's hierarchical reward: no tools were available, so none were called."""
-        return [
+        rewards = [
             hierarchical_reward(c, g, task=t, tool_calls={}, settings=settings, tool_tags=()).reward
             for c, g, t in zip(completions, ground_truth, task)
         ]
+        timings["rewards"] += rewards
+        return rewards
 
     timings = {"generation_s": 0.0, "generate_and_score_s": 0.0, "generated_tokens": 0, "trained_tokens": 0}
+    timings["rewards"] = []
 
     class TimedGRPOTrainer(trl.GRPOTrainer):
         def _generate(self, prompts):
@@ -230,7 +238,7 @@ def run_trl(args) -> dict:
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, *_args, **_kwargs):
-            timings.update(generation_s=0.0, generate_and_score_s=0.0, generated_tokens=0, trained_tokens=0)
+            timings.update(generation_s=0.0, generate_and_score_s=0.0, generated_tokens=0, trained_tokens=0, rewards=[])
             self.start = time.perf_counter()
 
         def on_step_end(self, *_args, **_kwargs):
@@ -242,6 +250,7 @@ def run_trl(args) -> dict:
                     "generated_tokens": timings["generated_tokens"],
                     "learner_s": wall - timings["generate_and_score_s"],
                     "trained_tokens": timings["trained_tokens"],
+                    "reward_mean": sum(timings["rewards"]) / max(len(timings["rewards"]), 1),
                 }
             )
             print(f"step {len(steps) - 1}: {steps[-1]}", flush=True)
@@ -282,7 +291,7 @@ def run_trl(args) -> dict:
             dataloader_num_workers=0,
         )
         trainer = TimedGRPOTrainer(
-            model=str(resolve_model_path(args.model)),
+            model=model_path,
             reward_funcs=hierarchical,
             args=config,
             train_dataset=dataset,
@@ -313,6 +322,7 @@ def summary(result: dict) -> dict:
         "learner_tokens_per_s": total("trained_tokens") / max(total("learner_s"), 1e-9),
         "learner_s": total("learner_s") / len(measured),
         "generation_s": total("generation_s") / len(measured),
+        "reward_mean": total("reward_mean") / len(measured),
         "peak_rss_mb": result["peak_rss_mb"],
     }
 
@@ -325,7 +335,7 @@ def print_table(results: dict, args) -> None:
     )
     header = (
         f"| {'contender':<66} | wall s/step | generation s | gen tok/s | learner s | learner tok/s "
-        "| tokens/step | peak RSS MB |"
+        "| tokens/step | reward | peak RSS MB |"
     )
     print(header)
     print("|" + "|".join("-" * (len(part)) for part in header.split("|")[1:-1]) + "|")
@@ -335,7 +345,7 @@ def print_table(results: dict, args) -> None:
         print(
             f"| {label:<66} | {s['wall_s']:11.1f} | {s['generation_s']:12.1f} | {s['generation_tokens_per_s']:9.1f} "
             f"| {s['learner_s']:9.1f} | {s['learner_tokens_per_s']:13.1f} | {s['generated_tokens']:11.0f} "
-            f"| {s['peak_rss_mb']:11.0f} |"
+            f"| {s['reward_mean']:6.3f} | {s['peak_rss_mb']:11.0f} |"
         )
 
 

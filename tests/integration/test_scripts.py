@@ -22,3 +22,20 @@ def test_rl_sanity_prints_its_curve_and_a_verdict(tiny_policy_cache):
     assert [int(row[0]) for row in rows] == [1, 2]
     assert all(-1.0 <= float(reward) <= 0.0 for _, reward, _ in rows)  # R = -|y| / L
     assert re.search(r"^PASS: reward -?[\d.]+ -> -?[\d.]+ \(maximum 0\)", completed.stdout, re.MULTILINE)
+
+
+def test_bench_peer_trl_runs_every_contender(tiny_policy_cache):
+    env = {**os.environ, "RLLIB_ARPO_CACHE": str(tiny_policy_cache)}
+    command = [
+        sys.executable, str(REPO / "scripts" / "bench_peer_trl.py"), "--model", "tiny", "--steps", "1",
+        "--warmup", "0", "--prompts", "2", "--rollouts", "2", "--max-tokens", "16", "--micro-batch", "2",
+    ]  # fmt: skip
+    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stdout[-3000:]
+    table = completed.stdout[completed.stdout.rindex("| contender") :]
+    labels = [line.split("|")[1].strip() for line in table.splitlines()[2:]]
+    assert labels == [
+        "rllib-arpo GRPO, no tools",
+        "TRL 1.16.0 GRPOTrainer, no tools",
+        "rllib-arpo ARPO with search + Python tools (more work per step)",
+    ]
