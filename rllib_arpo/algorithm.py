@@ -182,6 +182,11 @@ class ARPOConfig(AlgorithmConfig):
             check_model_path(self.model_path)
             if not self.temperature > 0:
                 raise ValueError(f"temperature must be > 0 for RL sampling, got {self.temperature}")
+            if self.temperature != 1.0 and (self.old_logprobs != "learner" or self.tis_cap is not None):
+                raise ValueError(
+                    f"temperature {self.temperature} needs old_logprobs: learner and no tis_cap: the engines report "
+                    "log-probs of the temperature-1 distribution, the learner those of softmax(logits / T)"
+                )
             check_batch_fits_in_memory(self)
             in_place = WEIGHT_SYNCS.get(self.weight_sync).receives_in_place
             if (

@@ -1,6 +1,9 @@
 """Log-probabilities (and entropies) of target tokens, from hidden states, a chunk at a time.
 
-    log pi(x_{t+1} | x_<=t) = z_t[x_{t+1}] - logsumexp(z_t),    z_t = W h_t   (the LM head)
+    log pi(x_{t+1} | x_<=t) = z_t[x_{t+1}] - logsumexp(z_t),    z_t = W h_t / T   (the LM head)
+
+with T the sampling temperature (1 unless the rollouts sample at another: the policy trained is
+then the one that sampled, softmax(W h / T), as in verl).
     H_t = -sum_j p_{t,j} log p_{t,j}                             (nats)
 
 The plain way computes the logits of every position at once: a ``[tokens, vocab]`` tensor in the
@@ -22,8 +25,12 @@ from torch.utils.checkpoint import checkpoint
 from rllib_arpo.core.entropy import entropy_from_logits
 
 
-def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, lm_head: torch.nn.Module, with_entropy: bool):
+def _chunk_logprobs(
+    hidden: torch.Tensor, targets: torch.Tensor, lm_head: torch.nn.Module, with_entropy: bool, temperature: float
+):
     logits = lm_head(hidden).float()
+    if temperature != 1.0:
+        logits = logits / temperature
     logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     if not with_entropy:
         return logprobs, None
@@ -38,9 +45,10 @@ def chunked_token_logprobs(
     *,
     chunk_size: int | None,
     with_entropy: bool = False,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi of each target token, and (``with_entropy``, no gradient) the entropy of each
-    position's distribution.
+    position's distribution, both of softmax(logits / ``temperature``).
 
     Args:
         hidden: ``[N, H]`` final hidden states h_t.
@@ -57,13 +65,15 @@ def chunked_token_logprobs(
         shapes = f"{tuple(hidden.shape)} and {tuple(targets.shape)}"
         raise ValueError(f"hidden [N, H] and targets [N] expected, got {shapes}")
     if chunk_size is None:
-        return _chunk_logprobs(hidden, targets, lm_head, with_entropy)
+        return _chunk_logprobs(hidden, targets, lm_head, with_entropy, temperature)
     logprobs, entropies = [], []
     for hidden_chunk, target_chunk in zip(hidden.split(chunk_size), targets.split(chunk_size)):
         if torch.is_grad_enabled() and hidden_chunk.requires_grad:
-            chunk = checkpoint(_chunk_logprobs, hidden_chunk, target_chunk, lm_head, with_entropy, use_reentrant=False)
+            chunk = checkpoint(
+                _chunk_logprobs, hidden_chunk, target_chunk, lm_head, with_entropy, temperature, use_reentrant=False
+            )
         else:
-            chunk = _chunk_logprobs(hidden_chunk, target_chunk, lm_head, with_entropy)
+            chunk = _chunk_logprobs(hidden_chunk, target_chunk, lm_head, with_entropy, temperature)
         logprobs.append(chunk[0])
         entropies.append(chunk[1])
     return torch.cat(logprobs), (torch.cat(entropies) if with_entropy else None)

@@ -66,10 +66,11 @@ def packed_logprobs(
     *,
     chunk_size: int | None = None,
     with_entropy: bool = False,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi of every target of ``micro``'s rows, and (``with_entropy``, no gradient) the entropy
-    of each target's next-token distribution, both ``[R, L - 1]`` float32 in the padded rows'
-    target layout (0 where ``micro.row_targets`` is -1)."""
+    of each target's next-token distribution, both of softmax(logits / ``temperature``) and
+    ``[R, L - 1]`` float32 in the padded rows' target layout (0 where ``micro.row_targets`` is -1)."""
     device = next(model.parameters()).device
     hidden = model.get_decoder()(
         input_ids=torch.as_tensor(micro.input_ids, device=device)[None],
@@ -83,6 +84,7 @@ def packed_logprobs(
         model.get_output_embeddings(),
         chunk_size=chunk_size,
         with_entropy=with_entropy,
+        temperature=temperature,
     )
     row_targets = torch.as_tensor(micro.row_targets, device=device)
     return _in_rows(logprobs, row_targets), None if entropy is None else _in_rows(entropy, row_targets)

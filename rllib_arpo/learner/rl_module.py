@@ -32,7 +32,15 @@ PACKED = "packed"
 module computes the log-probs of the packed rows (``packed_forward.packed_logprobs``)."""
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-MODEL_CONFIG_KEYS = ("model_path", "dtype", "master_weights", "gradient_checkpointing", "logprob_chunk_size", "packing")
+MODEL_CONFIG_KEYS = (
+    "model_path",
+    "dtype",
+    "master_weights",
+    "gradient_checkpointing",
+    "logprob_chunk_size",
+    "packing",
+    "temperature",
+)
 """The config fields ``ARPOConfig`` puts into the module's ``model_config`` (``CausalLMModule``)."""
 
 
@@ -50,18 +58,25 @@ def placeholder_spaces(vocab_size: int) -> tuple[gym.Space, gym.Space]:
     return gym.spaces.Box(0, vocab_size, shape=(1,), dtype=np.int64), gym.spaces.Discrete(vocab_size)
 
 
-def next_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """log pi(x_t | x_<t) for t = 1..L-1 from logits [B, L, V]: result [B, L-1] (float32)."""
-    logits = logits[:, :-1].float()
+def next_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log pi(x_t | x_<t) for t = 1..L-1 from logits [B, L, V] divided by ``temperature``: result
+    [B, L-1] (float32)."""
+    logits = logits[:, :-1].float() / temperature
     targets = input_ids[:, 1:].unsqueeze(-1)
     return logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
 def sequence_logprobs(
-    model: torch.nn.Module, batch: dict[str, Any], *, chunk_size: int | None = None, with_entropy: bool = False
+    model: torch.nn.Module,
+    batch: dict[str, Any],
+    *,
+    chunk_size: int | None = None,
+    with_entropy: bool = False,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(x_t | x_<t) for t = 1..L-1 of padded rows ``input_ids`` [B, L]: ``[B, L-1]`` float32,
-    and (``with_entropy``, no gradient) the entropy of each of those next-token distributions.
+    and (``with_entropy``, no gradient) the entropy of each of those next-token distributions;
+    pi = softmax(logits / ``temperature``), the distribution the rollouts sampled from.
     With a packed layout under ``PACKED`` only its rows' trained targets are computed, packed
     (``packed_forward.packed_logprobs``; 0 elsewhere).
 
@@ -70,15 +85,17 @@ def sequence_logprobs(
     in the backward pass (``learner.logprobs``): no full ``[B * L, V]`` float32 tensor exists.
     """
     if PACKED in batch:
-        return packed_logprobs(model, batch[PACKED], chunk_size=chunk_size, with_entropy=with_entropy)
+        return packed_logprobs(
+            model, batch[PACKED], chunk_size=chunk_size, with_entropy=with_entropy, temperature=temperature
+        )
     input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
     if chunk_size is None:
         logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
         entropy = None
         if with_entropy:
             with torch.no_grad():
-                entropy = entropy_from_logits(logits[:, :-1].float())
-        return next_token_logprobs(logits, input_ids), entropy
+                entropy = entropy_from_logits(logits[:, :-1].float() / temperature)
+        return next_token_logprobs(logits, input_ids, temperature), entropy
     hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     hidden = hidden.last_hidden_state[:, :-1]
     rows, targets = input_ids.shape[0], input_ids.shape[1] - 1
@@ -88,6 +105,7 @@ def sequence_logprobs(
         model.get_output_embeddings(),
         chunk_size=chunk_size,
         with_entropy=with_entropy,
+        temperature=temperature,
     )
     return logprobs.view(rows, targets), None if entropy is None else entropy.view(rows, targets)
 
@@ -119,7 +137,8 @@ class CausalLMModule(TorchRLModule):
     dtype: ``float32`` | ``bfloat16`` | ``float16``), ``master_weights`` (keep the weights in
     float32 and compute in ``dtype`` under autocast), ``gradient_checkpointing`` (recompute each
     layer's activations in the backward pass), ``logprob_chunk_size`` (``sequence_logprobs``),
-    ``packing`` (a mode that packs rows: block-sparse attention for packed micro-batches)."""
+    ``packing`` (a mode that packs rows: block-sparse attention for packed micro-batches),
+    ``temperature`` (the rollouts' sampling temperature: log-probs of softmax(logits / T))."""
 
     def setup(self) -> None:
         from transformers import AutoModelForCausalLM
@@ -133,6 +152,7 @@ class CausalLMModule(TorchRLModule):
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         _attend_in_blocks_if_packed(self.model, cfg)
         self.logprob_chunk_size = cfg["logprob_chunk_size"]
+        self.temperature = cfg["temperature"]
 
     def _autocast(self):
         """Autocast to the compute dtype while the weights are kept in another (float32 master
@@ -145,7 +165,11 @@ class CausalLMModule(TorchRLModule):
     def _forward(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
         with self._autocast():
             logprobs, entropy = sequence_logprobs(
-                self.model, batch, chunk_size=self.logprob_chunk_size, with_entropy=kwargs.get("with_entropy", False)
+                self.model,
+                batch,
+                chunk_size=self.logprob_chunk_size,
+                with_entropy=kwargs.get("with_entropy", False),
+                temperature=self.temperature,
             )
         return {"logprobs": logprobs} if entropy is None else {"logprobs": logprobs, "entropy": entropy}
 

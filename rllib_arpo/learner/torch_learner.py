@@ -26,6 +26,9 @@ tokens: ``logprob_mismatch_kl`` (k3 estimate of KL(pi_engine || pi_learner), tok
 ``logprob_mismatch_max_abs`` (largest |log pi_learner - log pi_engine|), and the spread of the
 ratio pi_theta / pi_old at the first micro-batch (``first_ratio_std``,
 ``first_ratio_max_deviation`` = max |r - 1|): with ``learner`` the first ratio is exactly 1.
+Rollouts sampled at a temperature T other than 1 are trained as softmax(logits / T), the
+distribution they came from; the engines report temperature-1 log-probs, so T != 1 needs
+``learner`` and logs the ratio's spread only.
 
 The update is five steps a backend may replace (``deepspeed_learner.ARPODeepSpeedLearner`` does):
 ``_zero_gradients``, ``_micro_batch`` (a context around one micro-batch's forward and backward),
@@ -166,7 +169,9 @@ class ARPOTorchLearner(TorchLearner):
         if module_id in self._reference_models:
             with torch.no_grad():
                 reference = self._reference_models[module_id]
-                ref_logprobs, _ = sequence_logprobs(reference, batch, chunk_size=config.logprob_chunk_size)
+                ref_logprobs, _ = sequence_logprobs(
+                    reference, batch, chunk_size=config.logprob_chunk_size, temperature=config.temperature
+                )
         return compute_policy_loss(
             config.policy_loss,
             fwd_out["logprobs"],
@@ -270,7 +275,8 @@ class ARPOTorchLearner(TorchLearner):
         denominators = LOSS_AGGREGATIONS.get(config.loss_agg_mode).row_denominators(module_batch["loss_mask"])
         total = global_sum(denominators.sum().float()).clamp_min(1)
         scale = data_parallel_size() / total
-        mismatch = SamplerMismatch() if self._first_pass else None
+        # at a temperature other than 1 the engines' log-probs are of another distribution
+        mismatch = SamplerMismatch(with_sampler=config.temperature == 1.0) if self._first_pass else None
         batch_loss = torch.zeros((), device=self.device)
         weighted_metrics: dict[str, float] = {}
         for rows, chunk, last in self._micro_chunks(config, module_batch):
@@ -298,7 +304,8 @@ class SamplerMismatch:
     learner's are log pi_old): see the module docstring for the metrics. The ratio's spread is
     taken at the first micro-batch that trains a token."""
 
-    def __init__(self) -> None:
+    def __init__(self, with_sampler: bool = True) -> None:
+        self.with_sampler = with_sampler  # False: the sampler drew at another temperature, no comparison
         self.kl_sum, self.max_abs, self.tokens = 0.0, 0.0, 0
         self.first_ratio_std, self.first_ratio_max_deviation = 0.0, 0.0
 
@@ -317,9 +324,8 @@ class SamplerMismatch:
         self.tokens += int(mask.sum())
 
     def metrics(self) -> dict[str, float]:
-        return {
-            "logprob_mismatch_kl": self.kl_sum / max(self.tokens, 1),
-            "logprob_mismatch_max_abs": self.max_abs,
-            "first_ratio_std": self.first_ratio_std,
-            "first_ratio_max_deviation": self.first_ratio_max_deviation,
-        }
+        ratio = {"first_ratio_std": self.first_ratio_std, "first_ratio_max_deviation": self.first_ratio_max_deviation}
+        if not self.with_sampler:
+            return ratio
+        mismatch = {"logprob_mismatch_kl": self.kl_sum / max(self.tokens, 1), "logprob_mismatch_max_abs": self.max_abs}
+        return {**mismatch, **ratio}

@@ -61,7 +61,11 @@ class RolloutSettings:
     max_tool_calls: int = setting(3, "Tool calls per trajectory; a further call ends it (`max_tool_calls`).")
     max_response_tokens: int = setting(512, "Response budget per trajectory, tool results included.")
     max_tool_result_tokens: int = setting(256, "A tool result is cut to this many tokens.")
-    temperature: float = setting(1.0, "Sampling temperature (0 = greedy, for evaluation only).")
+    temperature: float = setting(
+        1.0,
+        "[T] Sampling temperature of the rollouts; the learner trains softmax(logits / T), the distribution "
+        "sampled (T != 1 needs `old_logprobs: learner`).",
+    )
     top_p: float = setting(1.0, "Nucleus sampling, in (0, 1].")
 
     def __post_init__(self) -> None:

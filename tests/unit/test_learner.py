@@ -442,6 +442,31 @@ def test_sampler_learner_mismatch_is_measured_and_learner_old_logprobs_start_at_
         )
 
 
+@pytest.mark.parametrize("packing", ["padded", "tree"])
+def test_a_temperature_trains_the_tempered_policy_from_a_first_ratio_of_1(model_dir, packing):
+    config = (
+        ARPOConfig()
+        .policy(model_path=model_dir)
+        .rollouts(temperature=0.5)
+        .training(lr=LR, old_logprobs="learner")
+        .learners(packing=packing)
+    )
+    vocab_size = AutoConfig.from_pretrained(model_dir).vocab_size
+    learner = config.build_learner(spaces={DEFAULT_MODULE_ID: placeholder_spaces(vocab_size)})
+    batch = training_batch(learner)
+    trained = batch["loss_mask"] > 0
+    with torch.no_grad():
+        tempered = module_of(learner).forward_train(batch)["logprobs"]
+        model = module_of(learner).model
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1] / 0.5
+        expected = torch.log_softmax(logits, -1).gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
+    torch.testing.assert_close(tempered[trained], expected[trained], atol=1e-5, rtol=0)
+
+    metrics = update(learner, batch)[DEFAULT_MODULE_ID]
+    assert metrics["first_ratio_max_deviation"].peek() == 0.0
+    assert "logprob_mismatch_kl" not in metrics  # the engine's log-probs are of the temperature-1 policy
+
+
 def test_tis_weights_the_engine_tokens_by_the_learner_over_engine_ratio(model_dir):
     learner = build_learner(model_dir, old_logprobs="learner", tis_cap=1.0)
     batch = batch_sampled_in_bfloat16(model_dir, learner)

@@ -36,6 +36,18 @@ def test_values_entropies_and_gradients_equal_the_full_computation():
 
 
 @pytest.mark.parametrize("chunk_size", [CHUNK, None])
+def test_a_temperature_gives_the_log_probs_and_entropies_of_the_tempered_softmax(chunk_size):
+    hidden, targets, lm_head = inputs()
+    tempered = lm_head(hidden).detach() / 0.7
+    expected = torch.log_softmax(tempered, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+    logprobs, entropies = chunked_token_logprobs(
+        hidden, targets, lm_head, chunk_size=chunk_size, with_entropy=True, temperature=0.7
+    )
+    torch.testing.assert_close(logprobs, expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(entropies, entropy_from_logits(tempered), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("chunk_size", [CHUNK, None])
 def test_no_full_vocabulary_tensor_is_made_or_kept_for_backward(chunk_size):
     """The LM head only ever sees a chunk (forward and the backward's recomputation), and nothing
     of [tokens, vocab] size is saved for the backward pass. Unchunked, both happen."""
