@@ -1,6 +1,7 @@
 """Fixtures shared by every test directory, and the tier markers.
 
-Every test is marked with its directory's tier (``unit``, ``integration``, ``vllm``, ``models``),
+Every test is marked with its directory's tier (``unit``, ``integration``, ``multinode``, ``vllm``,
+``models``),
 so ``pytest -m unit`` or ``pytest -m "not models"`` picks tiers without naming paths.
 """
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parent
-TIERS = ("unit", "integration", "vllm", "models")
+TIERS = ("unit", "integration", "multinode", "vllm", "models")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -46,3 +47,40 @@ def arpo_data():
     if not (data / "rl_datasets").is_dir():
         pytest.skip(f"the ARPO reference data is not at {data} (set ARPO_DATA_DIR to its folder)")
     return data
+
+
+@pytest.fixture(scope="session")
+def tiny_policy_cache(tmp_path_factory):
+    """A cache directory holding the embedded tiny policy (what ``model_path: tiny`` resolves to)."""
+    from rllib_arpo.models.cache import TINY_POLICY_DIRECTORY
+    from rllib_arpo.models.tiny_policy import save_tiny_policy
+
+    cache = tmp_path_factory.mktemp("rllib_arpo_cache")
+    os.environ["RLLIB_ARPO_CACHE"] = str(cache)
+    # without the warm start: the plumbing under test does not need a policy that can answer
+    save_tiny_policy(cache / TINY_POLICY_DIRECTORY, sft_steps=0, progress=False)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tiny_policy_cache):
+    from rllib_arpo.models.cache import TINY_POLICY_DIRECTORY
+
+    return str(tiny_policy_cache / TINY_POLICY_DIRECTORY)
+
+
+@pytest.fixture
+def small_config(tiny_model_path):
+    """ARPO on the tiny task with a budget small enough for a test."""
+    from rllib_arpo.algorithm import ARPOConfig
+
+    config = (
+        ARPOConfig()
+        .policy(model_path=tiny_model_path)
+        .data(prompts_per_env_runner=2)
+        .tool_use(tools={"search": {"backend": "bm25", "top_k": 2}, "python": {"timeout_s": 5}})
+        .rollouts(total_rollouts=4, initial_rollouts=2, max_response_tokens=96, max_tool_result_tokens=48)
+        .training(lr=1e-3, micro_batch_size=8)
+    )
+    config.seed = 0
+    return config

@@ -1,5 +1,15 @@
+import sys
+
 import pytest
 import torch
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_ray():
+    """Unit tests never start Ray, and find none running: the Ray tiers before them in the same
+    pytest process (integration, multinode) shut theirs down."""
+    ray = sys.modules.get("ray")
+    assert ray is None or not ray.is_initialized(), "Ray is running at the start of the unit tier"
 
 
 @pytest.fixture(autouse=True)
