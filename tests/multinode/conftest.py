@@ -1,10 +1,12 @@
-"""One Ray cluster of three nodes on this machine for the whole tier (``ray.cluster_utils.Cluster``).
+"""One Ray cluster of three nodes on this machine per test file (``ray.cluster_utils.Cluster``;
+the tier has one file).
 
 Each node offers one custom resource that names its role, so where an actor runs is decided by
 the config, not by Ray's load balancing: the head node (1 CPU, ``learner_node``) takes the
 learner; two rollout nodes (1 CPU, 1 ``rollout_node`` each) take one EnvRunner each. A test may
-add a node; the cluster is torn down at the end of the tier. The integration tier's Ray session
-may still be up in the same pytest process (it is session-scoped): it is shut down first.
+add a node; the cluster is torn down after the file's last test, so the tiers after this one find no Ray
+running. A Ray still running in this pytest process (the integration tier's session-scoped one)
+is shut down before the cluster starts.
 """
 
 import pytest
@@ -15,7 +17,7 @@ OBJECT_STORE_BYTES = 100 * 1024**2  # per node: the tiny policy's weights are un
 ROLLOUT_NODE = {"num_cpus": 1, "resources": {"rollout_node": 1}, "object_store_memory": OBJECT_STORE_BYTES}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     if ray.is_initialized():
         ray.shutdown()

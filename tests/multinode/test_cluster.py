@@ -12,9 +12,8 @@ import pytest
 import ray
 import torch
 from ray import cloudpickle
-from ray.rllib.core import DEFAULT_MODULE_ID
 
-from rllib_arpo.learner.rl_module import hf_state_dict
+from rllib_arpo.learner.group import policy_weights
 from rllib_arpo.rollout.env_runner import ARPOEnvRunner, DataPosition
 
 NODE_GONE_TIMEOUT_S = 120
@@ -37,13 +36,6 @@ def rollout_node_ids(cluster) -> set[str]:
     return {node.node_id for node in cluster.list_all_nodes() if node is not cluster.head_node}
 
 
-def learner_weights(algo) -> dict[str, torch.Tensor]:
-    """The learner's weights (rank 0's) under transformers' names."""
-    results = algo.learner_group.foreach_learner(lambda learner: learner.full_module_state(DEFAULT_MODULE_ID))
-    [state] = [r.get() for r in results if r.get() is not None]
-    return {name: tensor.clone() for name, tensor in hf_state_dict(state).items()}
-
-
 def engine_weights(runner) -> tuple[str, int, dict[str, torch.Tensor]]:
     """(node id, weights version, weights) of a runner's engine."""
     state = {name: tensor.detach().clone() for name, tensor in runner.engine.model.state_dict().items()}
@@ -64,9 +56,9 @@ def test_learner_and_env_runners_run_on_their_nodes_and_every_engine_gets_the_le
         assert learner_nodes(algo) == [cluster.head_node.node_id]
         nodes = runner_nodes(algo)
         assert sorted(nodes) == [1, 2] and set(nodes.values()) == rollout_node_ids(cluster)
-        initial = learner_weights(algo)
+        initial = policy_weights(algo.learner_group)
         result = algo.train()
-        learner = learner_weights(algo)
+        learner = policy_weights(algo.learner_group)
         engines = algo.env_runner_group.foreach_env_runner(engine_weights, local_env_runner=False)
     finally:
         algo.stop()
