@@ -77,7 +77,13 @@ def test_stop_and_config_overrides_and_grid_search_are_read(tmp_path):
         load_experiments(path, config_override={"lrr": 0.5})
 
 
-MODELS_TO_BRING = {"arpo_qwen.yaml", "arpo_smollm2.yaml"}
+MODELS_TO_BRING = {
+    "arpo_qwen.yaml",
+    "arpo_qwen_1gpu.yaml",
+    "arpo_qwen_8gpu.yaml",
+    "arpo_qwen_nodes.yaml",
+    "arpo_smollm2.yaml",
+}
 """Tuned examples whose model_path is the user's own directory (a Qwen2.5 checkpoint, the cold start)."""
 
 
