@@ -464,7 +464,9 @@ class ARPO(Algorithm):
         if self.config.num_env_runners == 0:
             self.env_runner.set_state({"weights": policy_weights(self.learner_group), "weights_version": version})
         else:
-            self.weight_sender.push(self.learner_group, self.env_runner_group, version, runner_ids)
+            sent_bytes = self.weight_sender.push(self.learner_group, self.env_runner_group, version, runner_ids)
+            if sent_bytes is not None:  # object_store_delta counts what it puts in the object store
+                self.metrics.log_value("weight_sync_bytes", sent_bytes, window=1)
 
 
 def _family_trainable(name: str) -> type[ARPO]:

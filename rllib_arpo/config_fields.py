@@ -246,8 +246,10 @@ class LearnerSettings:
     weight_sync: str = setting(
         "object_store",
         "How new weights reach remote EnvRunners: `object_store` (learner rank 0 puts the tensors into Ray's object "
-        "store once, every EnvRunner reads them) or `broadcast` (a gloo/NCCL group from learner rank 0 to the "
-        "engines: no copies, no pickles; NCCL and the vLLM receiver untested without a GPU).",
+        "store once, every EnvRunner reads them), `object_store_delta` (the same, but after the first full send "
+        "only the elements changed since the last sync, as flat indices + values) or `broadcast` (a gloo/NCCL group "
+        "from learner rank 0 to the engines: no copies, no pickles; "
+        "NCCL and the vLLM receiver untested without a GPU).",
     )
     logprob_chunk_size: int | None = setting(
         None,

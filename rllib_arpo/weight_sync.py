@@ -5,6 +5,10 @@ once (a local learner: the driver does), and every EnvRunner reads them from the
 shared memory per node, torch tensors (no numpy), an engine-side ``load_state_dict`` (HF) or a
 safetensors reload (vLLM on CPU).
 
+``object_store_delta``: as ``object_store``, but after the first full send only the elements
+that changed since the last sync travel (``learner.weight_delta``); the EnvRunner applies them to
+its copy of the weights and loads that into its engine as a full send would.
+
 ``broadcast``: learner rank 0 and the engines form a process group of their own
 (``learner.weight_broadcast``); each sync is one broadcast per tensor, received in place.
 
@@ -22,6 +26,7 @@ import ray
 from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_arpo.core.registry import Registry
+from rllib_arpo.learner import weight_delta
 from rllib_arpo.learner.group import policy_weights
 from rllib_arpo.learner.weight_broadcast import WeightLayout
 
@@ -98,6 +103,43 @@ class ObjectStoreSync:
 
     def reset(self) -> None:
         pass
+
+
+@WEIGHT_SYNCS.register("object_store_delta")
+class ObjectStoreDeltaSync:
+    """The object store, carrying only the changed elements.
+
+    A registry entry of its own rather than a flag: it is a different way to move the weights,
+    with state of its own (the weights last sent, in the engines' dtype, kept by the driver), and
+    only the object store path can carry it. Full sends: the first sync, after ``reset()`` (an
+    EnvRunner was restarted) and any sync to a subset of the EnvRunners. A delta names the version
+    it applies to; an EnvRunner holding another version refuses it (``set_state``)."""
+
+    receives_in_place = False
+
+    def __init__(self) -> None:
+        self.last_sent: dict | None = None  # the weights every EnvRunner holds
+        self.last_version: int | None = None
+
+    def push(self, learner_group, env_runner_group, version: int, runner_ids: list[int] | None) -> int:
+        """Returns the bytes put into the object store."""
+        weights = policy_weights(learner_group)
+        if self.last_sent is None or runner_ids is not None:
+            state = {"weights": ray.put(weights), "weights_version": version}
+            sent_bytes = weight_delta.payload_bytes({name: {"full": t} for name, t in weights.items()})
+        else:
+            delta = weight_delta.encode(self.last_sent, weights)
+            state = {"weights_delta": ray.put(delta), "base_version": self.last_version, "weights_version": version}
+            sent_bytes = weight_delta.payload_bytes(delta)
+        env_runner_group.foreach_env_runner(
+            lambda runner: runner.set_state(state), local_env_runner=False, remote_worker_ids=runner_ids
+        )
+        # a copy: a local learner's float32 weights are its live parameters
+        self.last_sent, self.last_version = {name: t.clone() for name, t in weights.items()}, version
+        return sent_bytes
+
+    def reset(self) -> None:
+        self.last_sent = self.last_version = None
 
 
 @WEIGHT_SYNCS.register("broadcast")

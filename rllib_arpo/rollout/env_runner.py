@@ -37,6 +37,7 @@ from rllib_arpo.core.settings import from_config
 from rllib_arpo.core.tree import RolloutTree
 from rllib_arpo.data.datasets import PromptStream, load_dataset, tools_for_dataset
 from rllib_arpo.data.prompts import encode_prompt
+from rllib_arpo.learner import weight_delta
 from rllib_arpo.learner.rl_module import DTYPES, placeholder_spaces
 from rllib_arpo.rollout.engine import ENGINES
 from rllib_arpo.rollout.scoring import score_trees, training_rewards
@@ -108,6 +109,7 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         super().__init__(config=config, **kwargs)
         cfg = self.config
         self.engine = build_engine(cfg)
+        self.weights: dict | None = None  # the weights last loaded: the base of a delta (object_store_delta)
         self.tokenizer = self.engine.tokenizer
         self.tools = ToolExecutor(
             build_tools(tools_for_dataset(cfg.tools, cfg.dataset)),
@@ -236,7 +238,8 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         return {"weights_version": self.engine.weights_version, "data_position": self.position}
 
     def set_state(self, state: dict) -> None:
-        """Load ``{"weights": state_dict | ObjectRef, "weights_version": v}`` and/or move to
+        """Load ``{"weights": state_dict | ObjectRef, "weights_version": v}`` (or a
+        ``"weights_delta"`` on ``"base_version"``, applied to the weights last loaded) and/or move to
         ``{"data_position": DataPosition}``. RLlib's own weight sync (``rl_module``) carries no
         weights (``CausalLMModule.get_state``) and is ignored."""
         if "data_position" in state:
@@ -245,7 +248,17 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
             weights = state["weights"]
             if isinstance(weights, ray.ObjectRef):
                 weights = ray.get(weights)
+            # a writable copy, the base of the next delta (object-store memory is read-only)
+            self.weights = {name: tensor.clone() for name, tensor in weights.items()}
             self.engine.update_weights(weights, state["weights_version"])
+        if "weights_delta" in state:
+            if self.weights is None or state["base_version"] != self.engine.weights_version:
+                raise ValueError(
+                    f"a weight delta on version {state['base_version']} reached an EnvRunner holding "
+                    f"version {self.engine.weights_version}: a full send is needed"
+                )
+            weight_delta.apply(self.weights, ray.get(state["weights_delta"]))
+            self.engine.update_weights(self.weights, state["weights_version"])
 
     # --- weight_sync: broadcast (learner.weight_broadcast) --------------------------------
     def weight_receivers(self) -> tuple[int, int, str]:

@@ -26,7 +26,10 @@ def runner_weights(runner) -> tuple[int, dict[str, torch.Tensor]]:
     return runner.engine.weights_version, {k: v.detach().clone() for k, v in runner.engine.model.state_dict().items()}
 
 
-@pytest.mark.parametrize("num_env_runners, num_learners, weight_sync", [(1, 0, "object_store"), (2, 2, "broadcast")])
+@pytest.mark.parametrize(
+    "num_env_runners, num_learners, weight_sync",
+    [(1, 0, "object_store"), (1, 0, "object_store_delta"), (2, 2, "broadcast")],
+)
 def test_two_iterations_sync_versioned_weights_to_remote_runners(
     ray_session, small_config, num_env_runners, num_learners, weight_sync
 ):
@@ -55,6 +58,10 @@ def test_two_iterations_sync_versioned_weights_to_remote_runners(
                 assert weights.keys() == learner.keys()
                 for name, tensor in weights.items():
                     torch.testing.assert_close(tensor, learner[name], rtol=0, atol=0)
+            if weight_sync == "object_store_delta":  # the first sync is full, later ones at most that
+                full_bytes = sum(t.numel() * t.element_size() for t in after[0][1].values())
+                assert 0 < result["weight_sync_bytes"] <= full_bytes
+                assert iteration > 1 or result["weight_sync_bytes"] == full_bytes
         changed = [name for name, tensor in after[0][1].items() if not torch.equal(tensor, before[0][1][name])]
         assert changed, "the EnvRunner's weights did not change after two updates"
         runners = result["env_runners"]
