@@ -92,11 +92,20 @@ def run_in_subprocess(name: str, args) -> dict:
         print(f"running {name} (log: {log}) ...", flush=True)
         start = time.perf_counter()
         with open(log, "w") as stream:
-            code = subprocess.call(argv, stdout=stream, stderr=subprocess.STDOUT)
+            code = subprocess.call(argv, stdout=stream, stderr=subprocess.STDOUT, env=single_process_env())
         if code != 0:
-            sys.exit(f"{name} failed with exit code {code}; see {log}")
+            tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
+            sys.exit(f"{name} failed with exit code {code}; the end of {log}:\n{tail}")
         print(f"  done in {time.perf_counter() - start:.0f} s", flush=True)
         return json.loads(out.read_text())
+
+
+def single_process_env() -> dict[str, str]:
+    """This environment without a distributed launcher's variables: each contender is one process,
+    and accelerate (under TRL) would otherwise wait for the ranks that LOCAL_RANK or WORLD_SIZE
+    announce (a DeepSpeed learner in the calling process sets LOCAL_RANK, for one)."""
+    launcher = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    return {key: value for key, value in os.environ.items() if key not in launcher}
 
 
 def prompt_batches(args) -> list[list]:

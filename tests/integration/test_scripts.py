@@ -25,13 +25,14 @@ def test_rl_sanity_prints_its_curve_and_a_verdict(tiny_policy_cache):
 
 
 def test_bench_peer_trl_runs_every_contender(tiny_policy_cache):
-    env = {**os.environ, "RLLIB_ARPO_CACHE": str(tiny_policy_cache)}
+    # LOCAL_RANK as an in-process DeepSpeed learner leaves it: TRL's accelerate must not see it
+    env = {**os.environ, "RLLIB_ARPO_CACHE": str(tiny_policy_cache), "LOCAL_RANK": "0"}
     command = [
         sys.executable, str(REPO / "scripts" / "bench_peer_trl.py"), "--model", "tiny", "--steps", "1",
         "--warmup", "0", "--prompts", "2", "--rollouts", "2", "--max-tokens", "16", "--micro-batch", "2",
     ]  # fmt: skip
     completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert completed.returncode == 0, completed.stdout[-3000:]
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
     table = completed.stdout[completed.stdout.rindex("| contender") :]
     labels = [line.split("|")[1].strip() for line in table.splitlines()[2:]]
     assert labels == [
