@@ -109,7 +109,7 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         super().__init__(config=config, **kwargs)
         cfg = self.config
         self.engine = build_engine(cfg)
-        self.weights: dict | None = None  # the weights last loaded: the base of a delta (object_store_delta)
+        self.weights: dict | None = None  # object_store_delta: the weights last loaded, the base of the next delta
         self.tokenizer = self.engine.tokenizer
         self.tools = ToolExecutor(
             build_tools(tools_for_dataset(cfg.tools, cfg.dataset)),
@@ -248,8 +248,9 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
             weights = state["weights"]
             if isinstance(weights, ray.ObjectRef):
                 weights = ray.get(weights)
-            # a writable copy, the base of the next delta (object-store memory is read-only)
-            self.weights = {name: tensor.clone() for name, tensor in weights.items()}
+            if self.config.weight_sync == "object_store_delta":
+                # a writable copy, the base of the next delta (object-store memory is read-only)
+                self.weights = {name: tensor.clone() for name, tensor in weights.items()}
             self.engine.update_weights(weights, state["weights_version"])
         if "weights_delta" in state:
             if self.weights is None or state["base_version"] != self.engine.weights_version:
