@@ -6,6 +6,13 @@ Ray actors each holding the transformers engine of the policy:
 - disk: what the vLLM engine does on CPU today (safetensors written, read back); measured in the
   driver alone (the reload inside vLLM comes on top).
 
+Then full against delta (``weight_sync: object_store`` against ``object_store_delta``) while the
+policy moves: float32 master weights take an Adam step at ``--lr`` between syncs, and each sync
+sends them in the engines' dtype (``--dtypes``), whole or as the elements changed since the last
+sync (``learner.weight_delta``). The gradients are random (seeded), so every element gets one:
+an upper bound on what changes, since in RL the embedding rows of tokens absent from a batch get
+none.
+
     python scripts/bench_weight_sync.py --model-path smollm2-135m --receivers 1 2 --repeats 3
 
 Each figure is the median of ``--repeats`` syncs after one warm-up sync.
@@ -27,13 +34,22 @@ import torch
 class EngineHolder:
     """An EnvRunner's engine, without the rest of the EnvRunner."""
 
-    def __init__(self, model_path: str):
+    def __init__(self, model_path: str, dtype: str = "float32"):
         from rllib_arpo.rollout.hf_engine import HFEngine
 
-        self.engine = HFEngine.from_pretrained(model_path)
+        self.engine = HFEngine.from_pretrained(model_path, dtype=getattr(torch, dtype))
+        self.weights = None  # the base of the next delta, as the EnvRunner keeps it
 
-    def load(self, weights) -> None:
+    def load(self, weights, keep: bool = False) -> None:
+        if keep:  # object_store_delta's full send
+            self.weights = {name: tensor.clone() for name, tensor in weights.items()}
         self.engine.update_weights(weights, version=1)
+
+    def load_delta(self, delta) -> None:
+        from rllib_arpo.learner import weight_delta
+
+        weight_delta.apply(self.weights, delta)
+        self.engine.update_weights(self.weights, version=1)
 
     def open_weight_group(self, address: str, port: int, rank: int, world_size: int):
         return self.engine.open_weight_group(address, port, rank, world_size, "gloo")
@@ -52,11 +68,68 @@ def timed(function, repeats: int) -> float:
     return statistics.median(seconds)
 
 
+class AdamSteps:
+    """The learner's side: float32 master weights, one Adam step on a random gradient per call."""
+
+    def __init__(self, weights: dict[str, torch.Tensor], lr: float):
+        self.params = {name: tensor.float().clone().requires_grad_() for name, tensor in weights.items()}
+        self.optimizer = torch.optim.Adam(self.params.values(), lr=lr)
+        self.generator = torch.Generator().manual_seed(0)
+
+    def __call__(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        for param in self.params.values():
+            param.grad = torch.randn(param.shape, generator=self.generator)
+        self.optimizer.step()
+        return {name: param.detach().to(dtype, copy=True) for name, param in self.params.items()}
+
+
+def full_against_delta(model_path: str, weights, args) -> None:
+    """Bytes and seconds per sync of the full and the delta object-store sync, side by side."""
+    from rllib_arpo.learner import weight_delta
+
+    print(f"\nfull vs delta while the policy moves (Adam, lr {args.lr:g}, random gradients)")
+    columns = f"{'dtype':<9} {'receivers':>9} {'full MB':>8} {'delta MB':>9} {'bytes':>6}"
+    print(f"{columns} {'full s':>7} {'delta s':>8} {'time':>6}")
+    for dtype_name in args.dtypes:
+        dtype = getattr(torch, dtype_name)
+        for count in args.receivers:
+            holders = [EngineHolder.remote(model_path, dtype_name) for _ in range(count)]
+            step = AdamSteps(weights, args.lr)
+            last_sent = step(dtype)
+            ray.get([holder.load.remote(ray.put(last_sent), keep=True) for holder in holders])
+            full_s, delta_s, full_bytes, delta_bytes = [], [], [], []
+            for _ in range(args.repeats):
+                new = step(dtype)
+                start = time.perf_counter()
+                ray.get([holder.load.remote(ray.put(new)) for holder in holders])
+                full_s.append(time.perf_counter() - start)
+                ray.get([holder.load.remote(ray.put(new), keep=True) for holder in holders])  # the delta's base
+                full_bytes.append(weight_delta.payload_bytes({name: {"full": t} for name, t in new.items()}))
+                last_sent, new = new, step(dtype)
+                start = time.perf_counter()
+                delta = weight_delta.encode(last_sent, new)
+                reference = ray.put(delta)
+                ray.get([holder.load_delta.remote(reference) for holder in holders])
+                delta_s.append(time.perf_counter() - start)
+                delta_bytes.append(weight_delta.payload_bytes(delta))
+                last_sent = new
+            full_mb, delta_mb = statistics.median(full_bytes) / 1e6, statistics.median(delta_bytes) / 1e6
+            full, fast = statistics.median(full_s), statistics.median(delta_s)
+            print(
+                f"{dtype_name:<9} {count:9d} {full_mb:8.1f} {delta_mb:9.1f} {delta_mb / full_mb:6.3f} "
+                f"{full:7.3f} {fast:8.3f} {fast / full:6.2f}"
+            )
+            for holder in holders:
+                ray.kill(holder)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-path", default="smollm2-135m")
     parser.add_argument("--receivers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    parser.add_argument("--lr", type=float, default=5e-6, help="Adam's step between syncs (full vs delta)")
     args = parser.parse_args()
 
     from transformers import AutoModelForCausalLM
@@ -107,6 +180,7 @@ def main() -> None:
         print(f"{'broadcast':<14} {count:9d} {sent_gigabytes:6.2f} {seconds:8.3f} {seconds / sent_gigabytes:7.3f}")
         for holder in holders:
             ray.kill(holder)
+    full_against_delta(model_path, weights, args)
     ray.shutdown()
 
 

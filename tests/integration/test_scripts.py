@@ -40,3 +40,17 @@ def test_bench_peer_trl_runs_every_contender(tiny_policy_cache):
         "TRL 1.16.0 GRPOTrainer, no tools",
         "rllib-arpo ARPO with search + Python tools (more work per step)",
     ]
+
+
+def test_bench_weight_sync_sends_changed_elements_only_where_they_are_few(tiny_policy_cache):
+    env = {**os.environ, "RLLIB_ARPO_CACHE": str(tiny_policy_cache)}
+    command = [sys.executable, str(REPO / "scripts" / "bench_weight_sync.py"), "--model-path", "tiny",
+               "--receivers", "1", "--repeats", "1"]  # fmt: skip
+    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    paths = re.findall(r"^(disk|object_store|broadcast)\s", completed.stdout, re.MULTILINE)
+    assert paths == ["disk", "object_store", "broadcast"]
+    ratios = dict(re.findall(r"^(float32|bfloat16)\s+1\s+[\d.]+\s+[\d.]+\s+([\d.]+)\s", completed.stdout, re.MULTILINE))
+    # Adam moves every float32 element, so the delta is the full send; in bf16 most steps round away
+    assert ratios["float32"] == "1.000"
+    assert 0 < float(ratios["bfloat16"]) < 0.5
