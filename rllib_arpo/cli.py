@@ -11,6 +11,8 @@ Ray 2.60 no longer ships an ``rllib`` command; this one keeps the classic form:
   and transcripts (``eval.benchmark``);
 - ``rllib cold-start MODEL OUTPUT``: the supervised cold start of a real chat model on tool-use
   demonstrations (``models.warm_start.cold_start``).
+- ``rllib check-gpu [--model M] [--only PIECE ...] [--json PATH]``: PASS / FAIL / SKIP for each
+  piece a GPU machine must run (``gpu_check``); exit status 1 if any piece fails.
 
 A problem with the input exits with status 2 and one line, ``rllib: error: ...``, naming the
 file, the experiment and the key.
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rllib_arpo.experiment_file import ConfigError, grid_size, is_search_space, load_experiments
+from rllib_arpo.gpu_check import PIECES as GPU_CHECK_PIECES
 
 DEFAULT_STORAGE = "~/ray_results"
 SCHEDULERS = ("asha",)
@@ -322,7 +325,19 @@ def build_parser() -> argparse.ArgumentParser:
     cold.add_argument("--search-cache", help="the reference search_cache.json")
     cold.add_argument("--search-top-k", type=int, default=3)
     cold.add_argument("--reference-limit", type=int, help="use at most this many reference-set demonstrations")
+
+    check = commands.add_parser("check-gpu", help="check a GPU machine: PASS / FAIL / SKIP per piece")
+    check.add_argument("--model", default="tiny", help="named model or save_pretrained directory (default: tiny)")
+    check.add_argument("--only", nargs="+", choices=GPU_CHECK_PIECES, help="run only these pieces")
+    check.add_argument("--json", help="write the results to this file")
     return parser
+
+
+def check_gpu(args: argparse.Namespace) -> int:
+    """``rllib check-gpu``: the pieces of ``gpu_check.PIECES`` (or ``--only`` those), in order."""
+    from rllib_arpo.gpu_check import run_checks
+
+    return run_checks([GPU_CHECK_PIECES[name] for name in args.only or GPU_CHECK_PIECES], args.model, args.json)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -332,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
             return evaluate(args)
         if args.command == "cold-start":
             return cold_start(args)
+        if args.command == "check-gpu":
+            return check_gpu(args)
         if args.dry_run:
             return dry_run(args.config_file, args.stop, args.config)
         return train_file(args.config_file, args.stop, args.storage_path, args.config, resume=args.resume)
