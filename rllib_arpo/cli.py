@@ -300,7 +300,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation = commands.add_parser("evaluate", help="evaluate a policy on benchmarks (pass@k, transcripts)")
     evaluation.add_argument("policy", help="named model, save_pretrained directory or training checkpoint")
     evaluation.add_argument(
-        "--data", nargs="+", default=["tir_task:test"], help="benchmarks: .jsonl / .parquet files or tir_task[:split]"
+        "--data",
+        nargs="+",
+        default=["tir_task:test"],
+        help="benchmarks: .jsonl / .parquet files, tir_task[:split] or a tir_task JSON spec",
     )
     evaluation.add_argument("--experiment", help="take engine, tools, rollout and reward settings from this file")
     evaluation.add_argument("--experiment-name", help="which experiment of the file (default: the first)")

@@ -7,7 +7,9 @@
 training checkpoint (an ``rllib train`` checkpoint directory: the policy it holds as a
 transformers directory, ``checkpoint_*/policy``). Each benchmark is a ``.jsonl`` file (``question`` / ``answer``
 lines, the task from ``data.datasets.BENCHMARK_TASKS``), a verl ``.parquet`` file, or
-``tir_task[:split]`` (the embedded task, default split ``test``).
+``tir_task[:split]`` (the embedded task, default split ``test``), or the embedded task as a JSON
+spec with its options, as a config's ``held_out_dataset`` gives it
+(``'{"type": "tir_task", "split": "test", "num_test": 256}'``: the questions a run held out).
 
 Engine, tools, rollout lengths and reward come from the run's config (``--experiment`` file, then
 ``--config`` overrides), exactly as in training; the questions of each benchmark are searched in
@@ -36,9 +38,18 @@ TIR_TASK = "tir_task"
 
 
 def benchmark_spec(text: str) -> dict:
-    """A benchmark argument as a dataset spec: ``x.jsonl``, ``x.parquet`` or ``tir_task[:split]``."""
+    """A benchmark argument as a dataset spec: ``x.jsonl``, ``x.parquet``, ``tir_task[:split]`` or
+    a JSON object ``{"type": "tir_task", ...}`` with the task's options."""
     if text == TIR_TASK or text.startswith(f"{TIR_TASK}:"):
         return {"type": TIR_TASK, "seed": 0, "split": text.partition(":")[2] or "test"}
+    if text.lstrip().startswith("{"):
+        try:
+            spec = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"benchmark {text!r}: not valid JSON ({error.msg})") from None
+        if not isinstance(spec, dict) or spec.get("type") != TIR_TASK:
+            raise ValueError(f'benchmark {text!r}: a JSON benchmark is the embedded task, {{"type": "tir_task", ...}}')
+        return {"seed": 0, "split": "test", **spec}
     path = Path(text).expanduser()
     if path.suffix not in (".jsonl", ".parquet"):
         raise ValueError(f"benchmark {text!r}: expected a .jsonl or .parquet file, or tir_task[:split]")

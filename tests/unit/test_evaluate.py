@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rllib_arpo.core.rewards import RewardSettings, pass_at_k
-from rllib_arpo.data.datasets import PromptExample
+from rllib_arpo.data.datasets import PromptExample, load_dataset
 from rllib_arpo.eval.benchmark import benchmark_name, benchmark_spec, policy_directory
 from rllib_arpo.eval.evaluate import rollout_questions, summarize
 from rllib_arpo.rollout.engine import Generation
@@ -121,6 +121,14 @@ def test_benchmark_arguments(tmp_path):
         benchmark_spec("gsm8k.csv")
     with pytest.raises(ValueError, match="no such file"):
         benchmark_spec(str(tmp_path / "none.jsonl"))
+    held_out = benchmark_spec('{"type": "tir_task", "num_test": 256}')
+    assert held_out == {"type": "tir_task", "seed": 0, "split": "test", "num_test": 256}
+    assert benchmark_name(held_out) == "tir_task-test"
+    assert len(load_dataset(held_out)) == 256
+    with pytest.raises(ValueError, match="not valid JSON"):
+        benchmark_spec('{"type": tir_task}')
+    with pytest.raises(ValueError, match="a JSON benchmark is the embedded task"):
+        benchmark_spec('{"type": "jsonl", "path": "x.jsonl"}')
 
 
 def test_the_policy_is_a_model_directory_or_the_one_a_checkpoint_holds(tmp_path):
