@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from ray import tune
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
@@ -49,7 +48,6 @@ from rllib_arpo.learner.rl_module import MODEL_CONFIG_KEYS, CausalLMModule
 from rllib_arpo.learner.rllib_compat import thawed
 from rllib_arpo.metrics_export import RayMetricsExporter
 from rllib_arpo.models.cache import check_model_path
-from rllib_arpo.rollout.engine import ENGINES
 from rllib_arpo.rollout.env_runner import ARPOEnvRunner, DataPosition, RolloutBatch
 from rllib_arpo.weight_sync import WEIGHT_SYNCS
 
@@ -188,17 +186,6 @@ class ARPOConfig(AlgorithmConfig):
                     "log-probs of the temperature-1 distribution, the learner those of softmax(logits / T)"
                 )
             check_batch_fits_in_memory(self)
-            in_place = WEIGHT_SYNCS.get(self.weight_sync).receives_in_place
-            if (
-                in_place
-                and not ENGINES.get(self.engine).receives_in_place_without_cuda
-                and not torch.cuda.is_available()
-            ):
-                others = [name for name in WEIGHT_SYNCS if not WEIGHT_SYNCS.get(name).receives_in_place]
-                raise ValueError(
-                    f"weight_sync: {self.weight_sync} with engine: {self.engine} needs GPUs (the engine cannot load "
-                    f"weights in place without one); use weight_sync: {' or '.join(others)}"
-                )
             if (
                 self.dtype == "float16"
                 and self.master_weights

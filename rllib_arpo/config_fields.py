@@ -249,7 +249,7 @@ class LearnerSettings:
         "store once, every EnvRunner reads them), `object_store_delta` (the same, but after the first full send "
         "only the elements changed since the last sync, as flat indices + values) or `broadcast` (a gloo/NCCL group "
         "from learner rank 0 to the engines: no copies, no pickles; "
-        "NCCL and the vLLM receiver untested without a GPU).",
+        "NCCL untested without a GPU).",
     )
     logprob_chunk_size: int | None = setting(
         None,

@@ -9,9 +9,9 @@ group over it. At setup the engines report their ``WeightLayout`` (names, shapes
 fixed order, tied tensors once) and the learner checks its weights against it; each sync is then
 one broadcast per tensor of the layout, in that order, received in place.
 
-Tested on CPU with gloo (HF engines). The NCCL branch (CUDA tensors, ``ProcessGroupNCCL``) and the
-vLLM receiver (``rollout.vllm_weight_receiver``) follow the same protocol but have not run here:
-this machine has no GPU.
+Tested on CPU with gloo, into HF engines and into vLLM's CPU build (``rollout.vllm_weight_receiver``).
+The NCCL branch (CUDA tensors, ``ProcessGroupNCCL``) follows the same protocol; it runs in
+``rllib check-gpu``, not in the CPU test tiers.
 """
 
 from __future__ import annotations

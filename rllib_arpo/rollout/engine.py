@@ -145,12 +145,10 @@ class Engine:
         in_place_options: engine options the EnvRunner adds (unless set) when the weight sync
             has the engines receive weights in place (``weight_sync: broadcast``): vLLM's worker
             extension that joins the weight group.
-        receives_in_place_without_cuda: whether it can load weights in place without a GPU.
     """
 
     path: str
     in_place_options: Mapping[str, Any] = field(default_factory=dict)
-    receives_in_place_without_cuda: bool = True
 
     def load(self) -> type:
         """The engine class (imports its module)."""
@@ -249,6 +247,5 @@ ENGINES.add(
     Engine(
         "rllib_arpo.rollout.vllm_engine:VLLMEngine",
         in_place_options={"worker_extension_cls": "rllib_arpo.rollout.vllm_weight_receiver.WeightReceiver"},
-        receives_in_place_without_cuda=False,  # vLLM's CPU backend cannot load weights in place
     ),
 )

@@ -19,7 +19,9 @@ actually computed (requested minus the cached tokens vLLM reports for each reque
 
 Weights are updated in place, without restarting the engine: the new state dict is written as
 safetensors into a temporary directory, every worker reloads from it (``reload_weights``), and
-the prefix cache, which holds KV computed with the old weights, is cleared.
+the prefix cache, which holds KV computed with the old weights, is cleared. With ``weight_sync:
+broadcast`` the workers receive the tensors from learner rank 0 instead and stream them into the
+same reload, with no disk (``rollout.vllm_weight_receiver``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from vllm.inputs import TokensPrompt
 from vllm.platforms import current_platform
 
 from rllib_arpo.core.entropy import entropy_from_topk_logprobs
+from rllib_arpo.learner.weight_broadcast import WeightLayout
 from rllib_arpo.rollout.engine import EngineStats, Generation, SamplingParams
 
 CPU_BATCHED_TOKENS = 4096
@@ -161,17 +164,19 @@ class VLLMEngine:
         self.clear_prefix_cache()
         self.weights_version = version
 
-    # weight_sync: broadcast (rollout.vllm_weight_receiver; not run here: needs a GPU)
+    # weight_sync: broadcast (rollout.vllm_weight_receiver, in every worker: gloo on CPU, NCCL on GPUs)
     def weight_receivers(self) -> tuple[int, str]:
         parallel = self.llm.llm_engine.vllm_config.parallel_config
         device = "cuda" if torch.cuda.is_available() else "cpu"
         return parallel.tensor_parallel_size * parallel.pipeline_parallel_size, device
 
-    def open_weight_group(self, address: str, port: int, rank: int, world_size: int, backend: str):
-        layouts = self.llm.collective_rpc("open_weight_group", args=(address, port, rank, world_size, backend))
-        if len(set(layouts)) != 1:
+    def open_weight_group(self, address: str, port: int, rank: int, world_size: int, backend: str) -> WeightLayout:
+        """Every worker joins; their layouts come back through vLLM's msgpack (tuples as lists)."""
+        answers = self.llm.collective_rpc("open_weight_group", args=(address, port, rank, world_size, backend))
+        layouts = {tuple((name, tuple(shape), dtype) for name, shape, dtype in tensors) for tensors in answers}
+        if len(layouts) != 1:
             raise RuntimeError("the vLLM workers disagree on the weight layout")
-        return layouts[0]
+        return WeightLayout(layouts.pop())
 
     def receive_weights(self, version: int) -> None:
         self.llm.collective_rpc("receive_weights")

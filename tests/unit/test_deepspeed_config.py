@@ -1,7 +1,6 @@
 """The DeepSpeed config the learner builds from ARPOConfig (no DeepSpeed import, no processes)."""
 
 import pytest
-import torch
 
 from rllib_arpo.algorithm import ARPOConfig
 from rllib_arpo.learner.deepspeed_learner import ARPODeepSpeedLearner, deepspeed_config
@@ -64,11 +63,6 @@ def test_the_backend_field_picks_the_learner_class():
         ({"packing": "tree"}, r"packing: tree needs learner_backend: torch .* use packing: padded"),
         ({"packing": "packed", "learner_backend": "torch", "micro_batch_tokens": 0}, "micro_batch_tokens must be >= 1"),
         ({"dtype": "float16", "learner_backend": "torch"}, "dtype float16 with master_weights needs loss scaling"),
-        pytest.param(
-            {"weight_sync": "broadcast", "engine": "vllm"},
-            "weight_sync: broadcast with engine: vllm needs GPUs",
-            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="refused only without CUDA"),
-        ),
     ],
 )
 def test_learner_fields_are_validated(fields, message):

@@ -31,10 +31,13 @@ def policy_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def vllm_engine(policy_dir):
-    """Imported here: the test module skips itself where vLLM is missing, before any fixture runs."""
+    """Imported here: the test module skips itself where vLLM is missing, before any fixture runs.
+    Its workers carry the broadcast receiver (``weight_sync: broadcast``), as an EnvRunner's do."""
+    from rllib_arpo.rollout.engine import ENGINES
     from rllib_arpo.rollout.vllm_engine import VLLMEngine
 
-    engine = VLLMEngine(str(policy_dir), dtype="float32", logprobs_k=LOGPROBS_K, max_model_len=1024, seed=0)
+    in_place = ENGINES.get("vllm").in_place_options
+    engine = VLLMEngine(str(policy_dir), dtype="float32", logprobs_k=LOGPROBS_K, max_model_len=1024, seed=0, **in_place)
     yield engine
     engine.close()
 

@@ -10,6 +10,9 @@ dropped tail allows.
 from __future__ import annotations
 
 import math
+import queue
+import socket
+import threading
 
 import numpy as np
 import pytest
@@ -22,6 +25,7 @@ from rllib_arpo.core.branching import NoBranching  # noqa: E402
 from rllib_arpo.core.entropy import entropy_from_logits  # noqa: E402
 from rllib_arpo.core.tree import SegmentKind  # noqa: E402
 from rllib_arpo.data.tir_task import TIRTask, format_prompt  # noqa: E402
+from rllib_arpo.learner.weight_broadcast import WeightBroadcastGroup  # noqa: E402
 from rllib_arpo.rollout.engine import GenerationEngine, SamplingParams  # noqa: E402
 from rllib_arpo.rollout.settings import RolloutSettings  # noqa: E402
 from rllib_arpo.rollout.tree_rollout import TreeRollout  # noqa: E402
@@ -45,6 +49,12 @@ def prompts(task, hf_engine) -> list[list[int]]:
 
 def greedy(max_new_tokens: int) -> SamplingParams:
     return SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop_strings=TOOL_TAGS)
+
+
+def perturb(state: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
+    """``state`` plus seeded Gaussian noise of standard deviation 0.05 (enough to change greedy outputs)."""
+    generator = torch.Generator().manual_seed(seed)
+    return {name: t + 0.05 * torch.randn(t.shape, generator=generator) for name, t in state.items()}
 
 
 def assert_same_generations(vllm_generations, hf_generations) -> None:
@@ -147,8 +157,7 @@ def test_update_weights_in_place_matches_hf_under_the_new_weights(vllm_engine, h
     assert vllm_engine.stats.prefill_tokens_computed - computed_before < len(long_prefix)  # a cache hit
 
     original = {name: tensor.clone() for name, tensor in hf_engine.model.state_dict().items()}
-    generator = torch.Generator().manual_seed(7)
-    perturbed = {name: t + 0.05 * torch.randn(t.shape, generator=generator) for name, t in original.items()}
+    perturbed = perturb(original, seed=7)
     try:
         vllm_engine.update_weights(perturbed, version=5)
         hf_engine.update_weights(perturbed, version=5)
@@ -161,3 +170,43 @@ def test_update_weights_in_place_matches_hf_under_the_new_weights(vllm_engine, h
         hf_engine.update_weights(original, version=0)
     restored = vllm_engine.generate([long_prefix], params)[0]
     assert restored.token_ids == before.token_ids
+
+
+def test_broadcast_into_the_running_engine_matches_the_reload_from_disk(vllm_engine, hf_engine, prompts):
+    """``weight_sync: broadcast`` into vLLM: a sender thread (rank 0) broadcasts perturbed weights
+    over gloo, the workers stream them into vLLM's in-place reload (which redoes the CPU backend's
+    repacking). The engine then writes exactly what it writes after the safetensors reload of the
+    same weights, and the prefix cached before the sync is not reused."""
+    long_prefix = (prompts[0] + prompts[1] + prompts[2] + prompts[3]) * 3
+    params = greedy(24)
+    before = vllm_engine.generate([long_prefix] + prompts, params)
+    original = {name: tensor.clone() for name, tensor in hf_engine.model.state_dict().items()}
+    perturbed = perturb(original, seed=11)
+    perturbed["lm_head.weight"] = perturbed["model.embed_tokens.weight"]  # tied, as a learner's are
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    layouts: queue.Queue = queue.Queue()
+
+    def send() -> None:
+        group = WeightBroadcastGroup("127.0.0.1", port, 0, 2, "gloo", timeout_s=120)
+        layout = layouts.get(timeout=120)
+        layout.check_source(perturbed)
+        for name, _, _ in layout.tensors:
+            group.broadcast(perturbed[name])
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    try:
+        layouts.put(vllm_engine.open_weight_group("127.0.0.1", port, 1, 2, "gloo"))
+        vllm_engine.receive_weights(version=3)
+        sender.join(timeout=120)
+        assert not sender.is_alive() and vllm_engine.weights_version == 3
+        received = vllm_engine.generate([long_prefix] + prompts, params)
+        vllm_engine.update_weights(perturbed, version=4)
+        reloaded = vllm_engine.generate([long_prefix] + prompts, params)
+    finally:
+        vllm_engine.update_weights(original, version=0)
+    assert [g.token_ids for g in received] == [g.token_ids for g in reloaded]
+    assert [g.logprobs for g in received] == [g.logprobs for g in reloaded]
+    assert [g.token_ids for g in received] != [g.token_ids for g in before]  # the sync changed the policy
