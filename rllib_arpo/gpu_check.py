@@ -28,11 +28,12 @@ import importlib.util
 import json
 import statistics
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from rllib_arpo.time_limit import call_with_time_limit
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 GPU_MEMORY_FRACTION = 0.3  # of the GPU, per vLLM engine: room for a learner or a second engine beside it
@@ -98,29 +99,18 @@ def _short(value) -> str:
 
 def run_piece(piece: Piece, model: str) -> PieceResult:
     """Run ``piece`` in a daemon thread for at most ``piece.timeout_s`` seconds."""
-    outcome: dict = {}
-
-    def target() -> None:
-        try:
-            outcome["figures"] = piece.check(model)
-        except BaseException as error:  # noqa: BLE001 - every failure is reported, none stops the others
-            outcome["error"] = error
-
-    start = time.perf_counter()
-    thread = threading.Thread(target=target, name=f"check-{piece.name}", daemon=True)
-    thread.start()
-    thread.join(piece.timeout_s)
-    seconds = time.perf_counter() - start
-    if thread.is_alive():
+    # every failure is reported, none stops the others
+    timed = call_with_time_limit(lambda: piece.check(model), piece.timeout_s, f"check-{piece.name}", BaseException)
+    error, seconds = timed.error, timed.seconds
+    if timed.timed_out:
         return PieceResult(piece.name, FAIL, f"timed out after {piece.timeout_s:g} s", seconds=seconds)
-    error = outcome.get("error")
     if isinstance(error, Skip):
         return PieceResult(piece.name, SKIP, str(error), seconds=seconds)
     if isinstance(error, CheckFailed):
         return PieceResult(piece.name, FAIL, str(error), seconds=seconds)
     if error is not None:
         return PieceResult(piece.name, FAIL, f"{type(error).__name__}: {error}", seconds=seconds)
-    return PieceResult(piece.name, PASS, figures=outcome["figures"], seconds=seconds)
+    return PieceResult(piece.name, PASS, figures=timed.value, seconds=seconds)
 
 
 def run_checks(pieces: list[Piece], model: str, json_path: str | None = None) -> int:

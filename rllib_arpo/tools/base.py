@@ -16,7 +16,6 @@ import inspect
 import logging
 import re
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from rllib_arpo.core.registry import Registry
+from rllib_arpo.time_limit import call_with_time_limit
 
 logger = logging.getLogger(__name__)
 
@@ -206,28 +206,15 @@ class ToolExecutor:
         if tool is None:
             text = f"Error: unknown tool {call.name!r}; available tools: {', '.join(sorted(self.tools))}"
             return ToolResult(call.name, text, ok=False, latency_s=0.0), False
-        outcome: dict[str, object] = {}
-
-        def call_tool() -> None:
-            try:
-                outcome["text"] = tool(call.query)
-            except Exception as error:  # noqa: BLE001 - any tool failure becomes text for the model
-                outcome["error"] = error
-
-        start = time.monotonic()
-        worker = threading.Thread(target=call_tool, name=f"tool-{call.name}", daemon=True)
-        worker.start()
-        worker.join(self.timeout_s)
-        latency_s = time.monotonic() - start
-        if worker.is_alive():
+        timed = call_with_time_limit(lambda: tool(call.query), self.timeout_s, f"tool-{call.name}")
+        if timed.timed_out:
             text = f"Error: {call.name} timed out after {self.timeout_s:g} s"
-            return ToolResult(call.name, text, ok=False, latency_s=latency_s), True
-        if "error" in outcome:
-            error = outcome["error"]
-            logger.warning("tool %r failed on %r", call.name, call.query[:200], exc_info=error)
-            text = f"Error: {call.name} failed: {type(error).__name__}: {error}"[:MAX_ERROR_CHARS]
-            return ToolResult(call.name, text, ok=False, latency_s=latency_s), False
-        return ToolResult(call.name, str(outcome["text"]), ok=True, latency_s=latency_s), False
+            return ToolResult(call.name, text, ok=False, latency_s=timed.seconds), True
+        if timed.error is not None:  # any tool failure becomes text for the model
+            logger.warning("tool %r failed on %r", call.name, call.query[:200], exc_info=timed.error)
+            text = f"Error: {call.name} failed: {type(timed.error).__name__}: {timed.error}"[:MAX_ERROR_CHARS]
+            return ToolResult(call.name, text, ok=False, latency_s=timed.seconds), False
+        return ToolResult(call.name, str(timed.value), ok=True, latency_s=timed.seconds), False
 
     def _record(self, result: ToolResult, timed_out: bool) -> None:
         with self._metrics_lock:
