@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+DTYPES_BY_NAME = {name: dtype for dtype, name in DTYPE_NAMES.items()}  # a layout's dtype names, as torch dtypes
 
 
 @dataclass(frozen=True)

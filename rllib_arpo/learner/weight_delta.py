@@ -22,10 +22,14 @@ import torch
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
+def index_dtype(numel: int) -> torch.dtype:
+    """The dtype of flat indices into a tensor of ``numel`` elements: int32, or int64 past 2**31."""
+    return torch.int32 if numel < 2**31 else torch.int64
+
+
 def delta_bytes(changed: int, numel: int, element_size: int) -> int:
-    """Bytes of a delta of ``changed`` elements: indices (int32, or int64 past 2**31 elements) + values."""
-    index_size = 4 if numel < 2**31 else 8
-    return changed * (index_size + element_size)
+    """Bytes of a delta of ``changed`` elements: their indices + values."""
+    return changed * (index_dtype(numel).itemsize + element_size)
 
 
 def encode(last_sent: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> dict[str, dict]:
@@ -46,8 +50,7 @@ def encode(last_sent: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> 
         if delta_bytes(changed.numel(), flat.numel(), flat.element_size()) >= full_bytes:
             delta[name] = {"full": tensor.clone()}
         else:
-            index_dtype = torch.int32 if flat.numel() < 2**31 else torch.int64
-            delta[name] = {"indices": changed.to(index_dtype), "values": flat[changed].clone()}
+            delta[name] = {"indices": changed.to(index_dtype(flat.numel())), "values": flat[changed].clone()}
     return delta
 
 
