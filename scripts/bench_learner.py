@@ -228,7 +228,7 @@ def main() -> None:
         rollouts=args.rollouts,
         rollout_prompts=args.rollout_prompts,
     )
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     print(
         f"micro-batches of {shape.micro_batch_size} rows (padded) or {shape.micro_batch_tokens} tokens (packed, "
         f"tree), median of {args.repeats} updates"

@@ -168,7 +168,7 @@ def run_ours(args) -> dict:
     from rllib_arpo.algorithm import ARPOConfig
 
     config = ARPOConfig().update_from_dict(ours_config(args, args.run))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     algo = config.build_algo()
     steps = []
     for step in range(args.warmup + args.steps):

@@ -140,7 +140,7 @@ def main() -> None:
 
     model_path = resolve_model_path(args.model_path)
     weights = {k: v.detach() for k, v in AutoModelForCausalLM.from_pretrained(model_path).state_dict().items()}
-    ray.init(num_cpus=max(args.receivers) + 1, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=max(args.receivers) + 1, include_dashboard=False, log_to_driver=False)
     print(f"{args.model_path}: {sum(v.numel() for v in weights.values()) / 1e6:.1f}M values in the state dict")
     print(f"{'path':<14} {'receivers':>9} {'GB':>6} {'s/sync':>8} {'s/GB':>7}")
 

@@ -30,7 +30,7 @@ def main() -> None:
     experiment = next(iter(yaml.safe_load(Path(args.config).read_text()).values()))
     config = ARPOConfig().update_from_dict(experiment.get("config") or {})
     config.num_env_runners = 0
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     algo = config.build_algo()
     parts = ("generation", "tools", "learner", "weight_sync", "other")
     totals = dict.fromkeys(parts, 0.0)

@@ -88,7 +88,7 @@ def main() -> int:
     from rllib_arpo.algorithm import ARPOConfig
 
     config = ARPOConfig().update_from_dict(sanity_config(args))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     start = time.perf_counter()
     algo = config.build_algo()
     curve = []

@@ -13,6 +13,11 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 TIERS = ("unit", "integration", "multinode", "vllm", "models")
 
+# Every ``ray.init()`` without an address, here and in the subprocesses tests start, starts its own
+# Ray: without this Ray joins the cluster named in /tmp/ray/ray_current_cluster, which a ``ray start``
+# or a ``ray.cluster_utils.Cluster`` on this machine (even one long gone) leaves behind.
+os.environ["RAY_ADDRESS"] = "local"
+
 
 def pytest_collection_modifyitems(config, items):
     for item in items:

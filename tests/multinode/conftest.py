@@ -9,8 +9,11 @@ running. A Ray still running in this pytest process (the integration tier's sess
 is shut down before the cluster starts.
 """
 
+from pathlib import Path
+
 import pytest
 import ray
+import ray._common.utils
 from ray.cluster_utils import Cluster
 
 OBJECT_STORE_BYTES = 100 * 1024**2  # per node: the tiny policy's weights are under 1 MB
@@ -39,6 +42,11 @@ def cluster(tmp_path_factory):
     yield cluster
     ray.shutdown()
     cluster.shutdown()
+    # the head node wrote its address to /tmp/ray/ray_current_cluster, where a later ray.init()
+    # without an address would look for a cluster; it is gone now
+    address_file = Path(ray._common.utils.get_ray_address_file(None))
+    if address_file.is_file() and address_file.read_text().strip() == cluster.gcs_address:
+        address_file.unlink()
 
 
 @pytest.fixture
