@@ -40,7 +40,13 @@ from rllib_arpo.eval.evaluate import evaluate_env_runner
 from rllib_arpo.eval.report import BEFORE_TRAINING, EVALUATION
 from rllib_arpo.family import FAMILY
 from rllib_arpo.learner.backends import LEARNER_BACKENDS
-from rllib_arpo.learner.checkpoint import POLICY_DIRECTORY, export_policy
+from rllib_arpo.learner.checkpoint import (
+    POLICY_DIRECTORY,
+    checkpoints_in,
+    export_policy,
+    latest_complete_checkpoint,
+    write_manifest,
+)
 from rllib_arpo.learner.group import policy_weights, update_learners
 from rllib_arpo.learner.memory import check_batch_fits_in_memory
 from rllib_arpo.learner.packing import pad_rows
@@ -262,9 +268,11 @@ class ARPO(Algorithm):
         self.ray_metrics: RayMetricsExporter | None = None
         self.weight_sender = WEIGHT_SYNCS.get(config.weight_sync)()
         self.sampled = Counter()
+        self.continued_from = self.continue_from_latest_checkpoint_on_disk()
 
     def step(self) -> dict:
         """One iteration (RLlib's ``Algorithm.step``), its key metrics then set as Ray metrics."""
+        self.continued_from = None  # a restore from now on is not Tune's stale record (see restore)
         result = super().step()
         if self.ray_metrics is None:  # tagged with the trial's directory, as in TensorBoard
             self.ray_metrics = RayMetricsExporter(trial=Path(self.logdir).name)
@@ -418,6 +426,7 @@ class ARPO(Algorithm):
             self.learner_group.foreach_learner(lambda learner: learner.save_engines(directory))
         weights = policy_weights(self.learner_group)
         export_policy(weights, self.config.model_path, Path(path) / POLICY_DIRECTORY, self.config.dtype)
+        write_manifest(path)
         return path
 
     def restore_from_path(self, path, *args, **kwargs) -> None:
@@ -427,6 +436,47 @@ class ARPO(Algorithm):
             directory = str(Path(path) / partitions)
             self.learner_group.foreach_learner(lambda learner: learner.load_engines(directory))
             self.push_policy_weights()
+
+    def continue_from_latest_checkpoint_on_disk(self) -> Path | None:
+        """Under Tune, restore the latest complete checkpoint in this trial's directory, and
+        number the next checkpoint after every one there, so that none is overwritten.
+
+        Tune records a trial's checkpoints in its experiment state every few seconds, so after a
+        hard kill (SIGKILL, a preempted node) ``--resume`` finds a record that names an older
+        checkpoint or none and would start the trial again at iteration 1, writing
+        ``checkpoint_000000`` over the old one. The disk is the record here: an incomplete
+        checkpoint (``learner.checkpoint.checkpoint_problem``) is passed over, with its reason."""
+        storage = self._storage
+        if storage is None or storage.storage_filesystem.type_name != "local":
+            return None
+        checkpoints = checkpoints_in(storage.trial_fs_path)
+        if not checkpoints:  # a new trial
+            return None
+        storage.current_checkpoint_index = max(checkpoints)  # Tune adds 1 before it writes one
+        latest, passed_over = latest_complete_checkpoint(checkpoints)
+        for path, problem in passed_over:
+            print(f"[resume] passing over {path}: {problem}", flush=True)
+        if latest is None:
+            return None
+        self.restore_from_path(latest)
+        print(
+            f"[resume] restored from {latest}, the latest complete checkpoint (iteration {self.iteration})", flush=True
+        )
+        return latest
+
+    def restore(self, checkpoint_path) -> None:
+        """Tune's restore of a trial (``Trainable.restore``), except that one of this trial's own
+        checkpoints is not restored again over the one ``setup`` found on disk, which is at least
+        as recent (``continue_from_latest_checkpoint_on_disk``)."""
+        checkpoint = getattr(checkpoint_path, "checkpoint", checkpoint_path)
+        named = Path(getattr(checkpoint, "path", checkpoint))
+        if self.continued_from is not None and named.parent == self.continued_from.parent:
+            print(
+                f"[resume] Tune's experiment state names {named.name}; continuing from {self.continued_from.name}",
+                flush=True,
+            )
+            return
+        super().restore(checkpoint_path)
 
     def push_data_positions(self, runner_ids: list[int] | None = None) -> None:
         """Move every EnvRunner (or the remote ones of ``runner_ids``) to its data position after

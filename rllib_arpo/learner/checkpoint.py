@@ -11,14 +11,21 @@ A checkpoint of ``ARPO`` (``algo.save_to_path(path)``, or Tune's ``checkpoint_co
                                              config, tokenizer) in the engines' dtype: serve it or
                                              load it with from_pretrained
       state.pkl                              iteration, weights version, each EnvRunner's data position
+      manifest.json                          every other file's size, written last
 
 Resuming from it continues exactly: the same next prompts (each EnvRunner's shard position and
 sampling counter), the same weights and optimizer states, the same random streams.
+
+A checkpoint is complete when every file its manifest lists has the listed size: one whose
+writing or copying was cut short (a SIGKILL, a preempted node) lacks the manifest or a file's
+full length, and ``--resume`` passes over it (``latest_complete_checkpoint``).
 """
 
 from __future__ import annotations
 
+import json
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -28,6 +35,9 @@ from safetensors.torch import load_file, save_file
 
 WEIGHTS_FILE = "model.safetensors"
 POLICY_DIRECTORY = "policy"
+MANIFEST_FILE = "manifest.json"
+# the directories Tune writes a trial's checkpoints to: checkpoint_000000, checkpoint_000001, ...
+CHECKPOINT_DIRECTORY = re.compile(r"checkpoint_(\d+)")
 # what a transformers model directory holds besides its weights
 MODEL_FILES = (
     "config.json",
@@ -89,3 +99,55 @@ def set_rng_states(states: dict) -> None:
     random.setstate(states["python"])
     np.random.set_state(states["numpy"])
     torch.set_rng_state(states["torch"])
+
+
+def write_manifest(path: str | Path) -> None:
+    """Record the size of every file under the checkpoint ``path``; call it after the last one."""
+    path = Path(path)
+    sizes = {
+        str(file.relative_to(path)): file.stat().st_size
+        for file in sorted(path.rglob("*"))
+        if file.is_file() and file.name != MANIFEST_FILE
+    }
+    (path / MANIFEST_FILE).write_text(json.dumps(sizes, indent=1) + "\n")
+
+
+def checkpoint_problem(path: str | Path) -> str | None:
+    """Why the checkpoint at ``path`` is incomplete (its manifest missing or unreadable, a file
+    missing or of another size than the manifest says), or None when it is complete."""
+    path = Path(path)
+    try:
+        sizes = json.loads((path / MANIFEST_FILE).read_text())
+    except FileNotFoundError:
+        return f"no {MANIFEST_FILE} (its writing did not finish)"
+    except ValueError:
+        return f"{MANIFEST_FILE} is not valid JSON"
+    for name, size in sizes.items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != size:
+            return f"{name} has {file.stat().st_size} bytes, the manifest says {size}"
+    return None
+
+
+def checkpoints_in(trial_dir: str | Path) -> dict[int, Path]:
+    """The checkpoint directories in a Tune trial's directory, by their number, in order."""
+    found = {}
+    for path in Path(trial_dir).iterdir():
+        match = CHECKPOINT_DIRECTORY.fullmatch(path.name)
+        if match and path.is_dir():
+            found[int(match.group(1))] = path
+    return dict(sorted(found.items()))
+
+
+def latest_complete_checkpoint(checkpoints: dict[int, Path]) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The complete checkpoint with the highest number (None if none is), and each checkpoint
+    numbered after it with why it is incomplete."""
+    passed_over = []
+    for path in reversed(checkpoints.values()):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path, passed_over[::-1]
+        passed_over.append((path, problem))
+    return None, passed_over[::-1]

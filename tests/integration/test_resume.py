@@ -1,7 +1,8 @@
 """Checkpoints: a run interrupted after a checkpoint and continued with ``rllib train file X.yaml
 --resume`` makes the same iterations (same prompts, rollouts, losses) and ends with the same
 weights as a run that was never interrupted; every checkpoint exports the policy as a
-transformers directory."""
+transformers directory. After a hard kill, ``--resume`` continues from the latest complete
+checkpoint on disk and overwrites none."""
 
 import json
 import os
@@ -14,6 +15,7 @@ from pathlib import Path
 import torch
 
 from rllib_arpo.cli import main
+from rllib_arpo.learner.checkpoint import checkpoint_problem, checkpoints_in
 
 ITERATIONS = 3
 # a k1 KL penalty has a gradient even where every reward is equal (the untrained policy's): the
@@ -110,3 +112,56 @@ def test_resume_without_a_previous_run_says_what_to_do(tmp_path, capsys):
     experiment.write_text(EXPERIMENT.format(iterations=1, model_path="tiny"))
     assert main(["train", "file", str(experiment), "--storage-path", str(tmp_path / "none"), "--resume"]) == 2
     assert "--resume: no experiment to resume at" in capsys.readouterr().err
+
+
+def files_of(directories) -> dict[Path, tuple[int, int]]:
+    """Every file under ``directories`` with its size and modification time."""
+    return {
+        file: (file.stat().st_size, file.stat().st_mtime_ns)
+        for directory in directories
+        for file in directory.rglob("*")
+        if file.is_file()
+    }
+
+
+def test_resume_after_sigkill_takes_the_latest_complete_checkpoint_and_overwrites_none(tiny_model_path, tmp_path):
+    experiment = tmp_path / "experiment.yaml"
+    experiment.write_text(EXPERIMENT.format(iterations=8, model_path=tiny_model_path))
+    storage = tmp_path / "killed"
+    command = [sys.executable, "-m", "rllib_arpo.cli", "train", "file", str(experiment), "--storage-path", str(storage)]
+    # the driver and the Ray it started, all killed at once as a preempted node would be
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        while not list(storage.glob("resume-test/*/checkpoint_000002/manifest.json")):
+            assert process.poll() is None, "the run ended before its third checkpoint"
+            time.sleep(0.1)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=60)
+    [trial_dir] = storage.glob("resume-test/*/")
+    checkpoints = checkpoints_in(trial_dir)
+    complete = [number for number, path in checkpoints.items() if checkpoint_problem(path) is None]
+    truncated = checkpoints[complete[-1]] / "learner_group/learner/rl_module/default_policy/model.safetensors"
+    with truncated.open("r+b") as weights:
+        weights.truncate(1000)
+    expected = checkpoints[complete[-2]]
+    before = files_of(checkpoints.values())
+    # Tune copies results from its staging directory now and then: a kill may leave none on disk
+    results_before = len(results_of(storage)) if list(storage.glob("resume-test/*/result.json")) else 0
+
+    resumed = subprocess.run(
+        [*command, "--resume"], capture_output=True, text=True, timeout=600, start_new_session=True
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    output = resumed.stdout + resumed.stderr
+    assert (
+        f"passing over {truncated.parents[4]}: {truncated.relative_to(truncated.parents[4])} has 1000 bytes" in output
+    )
+    iteration = complete[-2] + 1  # checkpoint_00000i is written after iteration i + 1
+    assert f"restored from {expected}, the latest complete checkpoint (iteration {iteration})" in output
+    results = results_of(storage)
+    assert [r["training_iteration"] for r in results[results_before:]] == list(range(iteration + 1, 9))
+    # nothing that was on disk changed; the new checkpoints are numbered after the old ones
+    assert files_of(checkpoints.values()) == before
+    new = sorted(set(checkpoints_in(trial_dir)) - set(checkpoints))
+    assert new == list(range(max(checkpoints) + 1, max(checkpoints) + 1 + len(new))) and new
