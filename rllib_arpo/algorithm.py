@@ -19,9 +19,8 @@ Ray Tune under its name (``run: GRPO``, ``tune.Tuner("GRPO")``); see ``tuned_exa
 from __future__ import annotations
 
 import time
-import traceback
 from collections import Counter
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -55,26 +54,11 @@ from rllib_arpo.learner.rllib_compat import thawed
 from rllib_arpo.metrics_export import RayMetricsExporter
 from rllib_arpo.models.cache import check_model_path
 from rllib_arpo.rollout.env_runner import ARPOEnvRunner, DataPosition, RolloutBatch
+from rllib_arpo.rollout_pipeline import RolloutPipeline, SampleFailure, sample_or_failure
 from rllib_arpo.weight_sync import WEIGHT_SYNCS
 
 MAX_SAMPLE_ATTEMPTS = 3
 RESTART_TIMEOUT_S = 300.0
-
-
-@dataclass(frozen=True)
-class SampleFailure:
-    """An exception raised inside an EnvRunner's ``sample()``, sent back as a value: RLlib would
-    otherwise end the actor and, with restarts on, only log the error."""
-
-    runner_index: int
-    traceback: str
-
-
-def _sample_or_failure(runner) -> RolloutBatch | SampleFailure:
-    try:
-        return runner.sample()
-    except Exception:
-        return SampleFailure(runner.worker_index, traceback.format_exc())
 
 
 class ARPOConfig(AlgorithmConfig):
@@ -192,6 +176,12 @@ class ARPOConfig(AlgorithmConfig):
                     "log-probs of the temperature-1 distribution, the learner those of softmax(logits / T)"
                 )
             check_batch_fits_in_memory(self)
+            # (RLlib's evaluation config, which ARPO does not use, has no EnvRunners of its own)
+            if self.max_staleness > 0 and self.num_env_runners == 0 and not self.in_evaluation:
+                raise ValueError(
+                    f"max_staleness {self.max_staleness} needs num_env_runners >= 1: the driver's own EnvRunner "
+                    "cannot sample while the learner updates"
+                )
             if (
                 self.dtype == "float16"
                 and self.master_weights
@@ -256,6 +246,8 @@ class ARPO(Algorithm):
         fields = {
             "model_path": resolve_model_path(config.model_path) if config.model_path else None,
             "create_local_env_runner": config.num_env_runners == 0,
+            # RLlib's cap on async requests per EnvRunner and tag: the pipeline's K sample() requests
+            "max_requests_in_flight_per_env_runner": max(config.max_staleness, 1),
         }
         for target in (config, self.config):
             with thawed(target):
@@ -268,6 +260,7 @@ class ARPO(Algorithm):
         self.ray_metrics: RayMetricsExporter | None = None
         self.weight_sender = WEIGHT_SYNCS.get(config.weight_sync)()
         self.sampled = Counter()
+        self.pipeline = RolloutPipeline(config.max_staleness) if config.max_staleness else None
         self.continued_from = self.continue_from_latest_checkpoint_on_disk()
 
     def step(self) -> dict:
@@ -327,11 +320,11 @@ class ARPO(Algorithm):
         prompts, generated tokens and executed tool calls of every round of the iteration (DAPO
         may sample several) add up in ``self.sampled`` (logged as ``sampled/``)."""
         batches = self.sample_rollouts()
-        runner_metrics = self.env_runner_group.foreach_env_runner(
-            lambda runner: runner.get_metrics(), local_env_runner=self.config.num_env_runners == 0
-        )
-        self.metrics.aggregate(runner_metrics, key=ENV_RUNNER_RESULTS)
+        self.metrics.aggregate([batch.runner_metrics for batch in batches], key=ENV_RUNNER_RESULTS)
         self.data_positions.update({batch.runner_index: batch.position for batch in batches})
+        staleness = [self.weights_version - batch.weights_version for batch in batches]
+        self.metrics.log_value("staleness_mean", float(np.mean(staleness)), window=1)
+        self.metrics.log_value("staleness_max", max(staleness), window=1)
         for tree in (tree for batch in batches for tree in batch.trees):
             self.sampled["prompts"] += 1
             self.sampled["trajectories"] += tree.num_trajectories
@@ -346,16 +339,23 @@ class ARPO(Algorithm):
         restarted by Ray, put back at the current weights and at its data position before that
         ``sample()``, and sampled again: its prompts are neither lost nor trained twice, and the
         rollout is the one it would have made. An exception inside ``sample()`` is raised here,
-        with the EnvRunner's traceback."""
+        with the EnvRunner's traceback. With ``max_staleness`` K >= 1 the batches come from the
+        pipeline (``rollout_pipeline``): requested up to K iterations earlier."""
         if self.config.num_env_runners == 0:
-            return [self.env_runner.sample()]
+            batch = self.env_runner.sample()
+            batch.runner_metrics = self.env_runner.get_metrics()
+            return [batch]
         runner_ids = list(range(1, self.config.num_env_runners + 1))
         batches: dict[int, RolloutBatch] = {}
         for _ in range(MAX_SAMPLE_ATTEMPTS):
             pending = [i for i in runner_ids if i not in batches]
-            for result in self.env_runner_group.foreach_env_runner(
-                _sample_or_failure, local_env_runner=False, remote_worker_ids=pending
-            ):
+            if self.pipeline is not None:
+                results = self.pipeline.next_results(self.env_runner_group, pending, RESTART_TIMEOUT_S)
+            else:
+                results = self.env_runner_group.foreach_env_runner(
+                    sample_or_failure, local_env_runner=False, remote_worker_ids=pending
+                )
+            for result in results:
                 if isinstance(result, SampleFailure):
                     raise RuntimeError(f"EnvRunner {result.runner_index} failed in sample():\n{result.traceback}")
                 batches[result.runner_index] = result
@@ -385,6 +385,8 @@ class ARPO(Algorithm):
         if restored:
             self.metrics.log_value("env_runner_restarts", len(restored), reduce="sum")
             self.weight_sender.reset()  # e.g. a broadcast group with a new member: open a new one
+            if self.pipeline is not None:  # its requests died with it: sampled again from its position
+                self.pipeline.forget(restored)
             self.push_data_positions(restored)
             self.push_policy_weights(restored)
         return restored
@@ -409,6 +411,8 @@ class ARPO(Algorithm):
         return {**state, "weights_version": self.weights_version, "data_positions": dict(self.data_positions)}
 
     def set_state(self, state: dict) -> None:
+        if getattr(self, "pipeline", None) is not None:  # batches sampled from the positions left behind
+            self.pipeline.drain(self.env_runner_group, RESTART_TIMEOUT_S)
         super().set_state(state)
         self.weights_version = state.get("weights_version", self.weights_version)
         self.data_positions = dict(state.get("data_positions", self.data_positions))
@@ -501,7 +505,8 @@ class ARPO(Algorithm):
         if self.config.num_env_runners == 0:
             self.env_runner.set_state({"weights": policy_weights(self.learner_group), "weights_version": version})
         else:
-            sent_bytes = self.weight_sender.push(self.learner_group, self.env_runner_group, version, runner_ids)
+            wait = self.pipeline is None  # pipelined: queued behind the sample() requests already there
+            sent_bytes = self.weight_sender.push(self.learner_group, self.env_runner_group, version, runner_ids, wait)
             if sent_bytes is not None:  # object_store_delta counts what it puts in the object store
                 self.metrics.log_value("weight_sync_bytes", sent_bytes, window=1)
 

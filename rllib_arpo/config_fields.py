@@ -251,6 +251,13 @@ class LearnerSettings:
         "from learner rank 0 to the engines: no copies, no pickles; "
         "NCCL untested without a GPU).",
     )
+    max_staleness: int = setting(
+        0,
+        "[K] Pipelined rollouts: 0 samples, updates and syncs in turn; K >= 1 keeps K `sample()` requests queued on "
+        "every remote EnvRunner while the learners update, so a batch is trained with weights K versions newer than "
+        "it was sampled with (`rollout_pipeline`; correct for it with `old_logprobs: learner` and `tis_cap`). Needs "
+        "`num_env_runners` >= 1.",
+    )
     logprob_chunk_size: int | None = setting(
         None,
         "Log-probabilities over this many tokens at a time, each chunk's logits recomputed in the backward pass, so "
@@ -277,7 +284,7 @@ class LearnerSettings:
                 f"{self.learner_backend} trains with packing: {', '.join(backend.packing)}); use packing: "
                 f"{backend.packing[0]} with learner_backend: {self.learner_backend}"
             )
-        _at_least({"micro_batch_tokens": (self.micro_batch_tokens, 1)})
+        _at_least({"micro_batch_tokens": (self.micro_batch_tokens, 1), "max_staleness": (self.max_staleness, 0)})
         _registered("weight_sync", WEIGHT_SYNCS, self.weight_sync)
         if self.zero_stage not in ZERO_STAGES:
             raise ValueError(f"zero_stage must be one of {list(ZERO_STAGES)}, got {self.zero_stage!r}")

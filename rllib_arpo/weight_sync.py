@@ -33,14 +33,25 @@ from rllib_arpo.learner.weight_broadcast import WeightLayout
 ANSWER_TIMEOUT_S = 600.0
 
 
-def send_through_object_store(learner_group, env_runner_group, version: int, runner_ids: list[int] | None) -> None:
+def send_through_object_store(
+    learner_group, env_runner_group, version: int, runner_ids: list[int] | None, wait: bool
+) -> None:
     """The weights into the object store once, then into every remote EnvRunner (of ``runner_ids``)."""
     weights = policy_weights(learner_group, as_object_ref=True)
     if not isinstance(weights, ray.ObjectRef):  # a local learner: the driver puts them
         weights = ray.put(weights)
-    state = {"weights": weights, "weights_version": version}
+    set_state_on_env_runners(env_runner_group, {"weights": weights, "weights_version": version}, runner_ids, wait)
+
+
+def set_state_on_env_runners(env_runner_group, state: dict, runner_ids: list[int] | None, wait: bool) -> None:
+    """``set_state(state)`` on every remote EnvRunner (of ``runner_ids``); without ``wait`` the
+    calls are queued and the driver goes on (each EnvRunner runs them after the ``sample()``
+    requests queued before them: ``rollout_pipeline``)."""
     env_runner_group.foreach_env_runner(
-        lambda runner: runner.set_state(state), local_env_runner=False, remote_worker_ids=runner_ids
+        lambda runner: runner.set_state(state),
+        local_env_runner=False,
+        remote_worker_ids=runner_ids,
+        timeout_seconds=None if wait else 0.0,
     )
 
 
@@ -91,15 +102,16 @@ def _await_env_runners(env_runner_group, tag: str, expected: int) -> list:
 WEIGHT_SYNCS: Registry[type] = Registry("weight sync")
 """The config's ``weight_sync`` -> a class with ``receives_in_place`` (the engines load the weights
 in place, from a process group of their own), ``push(learner_group, env_runner_group, version,
-runner_ids)`` and ``reset()`` (an EnvRunner was restarted)."""
+runner_ids, wait)`` and ``reset()`` (an EnvRunner was restarted). Without ``wait`` (pipelined
+rollouts) a push may return before the EnvRunners have the weights; a broadcast always waits."""
 
 
 @WEIGHT_SYNCS.register("object_store")
 class ObjectStoreSync:
     receives_in_place = False
 
-    def push(self, learner_group, env_runner_group, version: int, runner_ids: list[int] | None) -> None:
-        send_through_object_store(learner_group, env_runner_group, version, runner_ids)
+    def push(self, learner_group, env_runner_group, version: int, runner_ids: list[int] | None, wait: bool) -> None:
+        send_through_object_store(learner_group, env_runner_group, version, runner_ids, wait)
 
     def reset(self) -> None:
         pass
@@ -121,7 +133,7 @@ class ObjectStoreDeltaSync:
         self.last_sent: dict | None = None  # the weights every EnvRunner holds
         self.last_version: int | None = None
 
-    def push(self, learner_group, env_runner_group, version: int, runner_ids: list[int] | None) -> int:
+    def push(self, learner_group, env_runner_group, version: int, runner_ids: list[int] | None, wait: bool) -> int:
         """Returns the bytes put into the object store."""
         weights = policy_weights(learner_group)
         if self.last_sent is None or runner_ids is not None:
@@ -131,9 +143,7 @@ class ObjectStoreDeltaSync:
             delta = weight_delta.encode(self.last_sent, weights)
             state = {"weights_delta": ray.put(delta), "base_version": self.last_version, "weights_version": version}
             sent_bytes = weight_delta.payload_bytes(delta)
-        env_runner_group.foreach_env_runner(
-            lambda runner: runner.set_state(state), local_env_runner=False, remote_worker_ids=runner_ids
-        )
+        set_state_on_env_runners(env_runner_group, state, runner_ids, wait)
         # a copy: a local learner's float32 weights are its live parameters
         self.last_sent, self.last_version = {name: t.clone() for name, t in weights.items()}, version
         return sent_bytes
@@ -151,7 +161,7 @@ class BroadcastSync:
     def __init__(self) -> None:
         self.layout: WeightLayout | None = None  # the group's layout once it is open
 
-    def push(self, learner_group, env_runner_group, version: int, runner_ids: list[int] | None) -> None:
+    def push(self, learner_group, env_runner_group, version: int, runner_ids: list[int] | None, wait: bool) -> None:
         if self.layout is None:
             self.layout = open_broadcast_group(learner_group, env_runner_group)
         broadcast(learner_group, env_runner_group, self.layout, version)

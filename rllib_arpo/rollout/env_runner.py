@@ -72,6 +72,7 @@ class RolloutBatch:
     runner_index: int = 0
     position: DataPosition = DataPosition()
     token_kl: list[list[np.ndarray]] | None = None
+    runner_metrics: dict | None = None  # get_metrics() right after this sample, in the same request
 
 
 def build_engine(config):

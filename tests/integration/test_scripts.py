@@ -54,3 +54,15 @@ def test_bench_weight_sync_sends_changed_elements_only_where_they_are_few(tiny_p
     # Adam moves every float32 element, so the delta is the full send; in bf16 most steps round away
     assert ratios["float32"] == "1.000"
     assert 0 < float(ratios["bfloat16"]) < 0.5
+
+
+def test_bench_pipeline_compares_synchronous_and_pipelined_steps(tiny_policy_cache):
+    env = {**os.environ, "RLLIB_ARPO_CACHE": str(tiny_policy_cache)}
+    command = [sys.executable, str(REPO / "scripts" / "bench_pipeline.py"), "--staleness", "0", "1",
+               "--iterations", "1", "--warmup", "1", "--prompts", "2", "--max-tokens", "48"]  # fmt: skip
+    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    rows = re.findall(r"^\s+(\d)\s+(\d)\s+[\d.]+\s+[\d.]+\s+([\d.]+)x", completed.stdout, re.MULTILINE)
+    # each setting trains on batches exactly as stale as it allows, against synchronous at 1.00x
+    assert [(k, seen) for k, seen, _ in rows] == [("0", "0"), ("1", "1")] and rows[0][2] == "1.00"
+    assert "model: pipelined step max(S, U)" in completed.stdout

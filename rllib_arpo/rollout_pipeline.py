@@ -1,0 +1,135 @@
+"""``sample()`` requests to remote EnvRunners, and pipelined rollouts (``max_staleness`` K >= 1):
+every remote EnvRunner keeps K requests queued, so that it samples the next batches while the
+learners update.
+
+An EnvRunner is a Ray actor: it runs its calls one at a time, in the order they arrive. Each
+iteration the driver takes the oldest finished batch of every EnvRunner and queues a new request
+on it at once; only then do the learners update and the new weights go out, and they queue behind
+that request. So:
+
+- a batch is trained with weights exactly K versions newer than those it was sampled with, once
+  the pipeline is full (the first K iterations train on fresher ones), never more; every batch
+  carries the version it was sampled with (``RolloutBatch.weights_version``) and the driver logs
+  the staleness it trains on (``staleness_mean``, ``staleness_max``);
+- a weight sync neither interrupts a ``sample()`` nor is lost: the engine loads the new weights
+  between two requests, so a tree, every branch of it included, and every trajectory in the middle
+  of a tool call are sampled with one weights version;
+- the learner corrects for the staleness with ``old_logprobs: learner`` (the clip is taken around
+  the learner's log-probs before the update, the proximal policy) and ``tis_cap`` (each token
+  weighted by min(pi_learner / pi_engine, C), the truncated importance weight to the policy that
+  sampled it): the decoupled objective of AReaL (arXiv 2505.24298). With ``old_logprobs: engine``
+  the clip is taken around the sampling policy itself.
+
+Nothing is lost or trained twice: ``ARPO.data_positions`` records an EnvRunner's data position
+when one of its batches reaches the learner, so after a restore, or an EnvRunner's restart, the
+requests that were in flight are sampled again from there (``forget``).
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass
+
+from rllib_arpo.rollout.env_runner import RolloutBatch
+
+SAMPLE_TAG = "sample"
+POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class SampleFailure:
+    """An exception raised inside an EnvRunner's ``sample()``, sent back as a value: RLlib would
+    otherwise end the actor and, with restarts on, only log the error."""
+
+    runner_index: int
+    traceback: str
+
+
+def sample_or_failure(runner) -> RolloutBatch | SampleFailure:
+    """What one request runs on an EnvRunner: ``sample()``, then its metrics in the same call (a
+    call of their own would queue behind the next pipelined request)."""
+    try:
+        batch = runner.sample()
+        batch.runner_metrics = runner.get_metrics()
+        return batch
+    except Exception:
+        return SampleFailure(runner.worker_index, traceback.format_exc())
+
+
+def _queue_order(result: RolloutBatch | SampleFailure) -> int:
+    """An EnvRunner runs its requests in order: the oldest batch has made the fewest samples (a
+    failure is reported first)."""
+    return -1 if isinstance(result, SampleFailure) else result.position.samples
+
+
+class RolloutPipeline:
+    """The ``sample()`` requests in flight on each remote EnvRunner, and the finished results not
+    yet handed to the learner.
+
+    Args:
+        depth: K, the requests kept queued on every EnvRunner.
+    """
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+        self.in_flight: Counter[int] = Counter()
+        self.finished: dict[int, list[RolloutBatch | SampleFailure]] = {}
+
+    def next_results(
+        self, env_runner_group, runner_ids: list[int], timeout_s: float
+    ) -> list[RolloutBatch | SampleFailure]:
+        """The oldest result of each EnvRunner of ``runner_ids``, each at once replaced by a new
+        request. An EnvRunner that died meanwhile (Ray marks it unhealthy and drops its requests)
+        is left out: the caller restarts it, ``forget``s it and asks again."""
+        self.fill(env_runner_group, runner_ids)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            healthy = set(env_runner_group.healthy_env_runner_ids())
+            self.forget([i for i in runner_ids if i not in healthy])
+            waiting = [i for i in runner_ids if i in healthy and not self.finished.get(i)]
+            if not waiting:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"EnvRunner(s) {waiting} returned no batch in {timeout_s:.0f} s")
+            for runner_index, result in env_runner_group.fetch_ready_async_reqs(
+                tags=SAMPLE_TAG, timeout_seconds=POLL_S
+            ):
+                self.in_flight[runner_index] -= 1
+                self.finished.setdefault(runner_index, []).append(result)
+        oldest = {}
+        for i in runner_ids:
+            if self.finished.get(i):
+                self.finished[i].sort(key=_queue_order)
+                oldest[i] = self.finished[i].pop(0)
+        self.fill(env_runner_group, list(oldest))
+        return list(oldest.values())
+
+    def fill(self, env_runner_group, runner_ids: list[int]) -> None:
+        """Queue requests until each EnvRunner of ``runner_ids`` has ``depth`` requests in flight or
+        results waiting."""
+        for i in runner_ids:
+            for _ in range(self.depth - self.in_flight[i] - len(self.finished.get(i, []))):
+                made = env_runner_group.foreach_env_runner_async(
+                    sample_or_failure, tag=SAMPLE_TAG, remote_worker_ids=[i]
+                )
+                self.in_flight[i] += made
+
+    def forget(self, runner_ids: list[int]) -> None:
+        """Drop what is known of these EnvRunners' requests: they were restarted (their requests
+        died with them) or moved back to an earlier data position (their results are void)."""
+        for i in runner_ids:
+            self.in_flight.pop(i, None)
+            self.finished.pop(i, None)
+
+    def drain(self, env_runner_group, timeout_s: float) -> None:
+        """Wait for every request in flight and drop all results (before the EnvRunners are moved
+        to other data positions, e.g. by a restore)."""
+        deadline = time.monotonic() + timeout_s
+        while any(self.in_flight.values()) and time.monotonic() < deadline:
+            healthy = set(env_runner_group.healthy_env_runner_ids())
+            self.forget([i for i in self.in_flight if i not in healthy])
+            for runner_index, _ in env_runner_group.fetch_ready_async_reqs(tags=SAMPLE_TAG, timeout_seconds=POLL_S):
+                self.in_flight[runner_index] -= 1
+        self.forget(list(self.in_flight) + list(self.finished))

@@ -1,0 +1,60 @@
+"""rollout_pipeline.RolloutPipeline against a stand-in for RLlib's EnvRunnerGroup: K requests kept
+queued per EnvRunner, the oldest result handed out first, a dead EnvRunner's requests forgotten."""
+
+from rllib_arpo.rollout.env_runner import DataPosition, RolloutBatch
+from rllib_arpo.rollout_pipeline import SAMPLE_TAG, RolloutPipeline, SampleFailure
+
+
+def batch(runner: int, samples: int) -> RolloutBatch:
+    return RolloutBatch([], [], [], 0, 0, runner_index=runner, position=DataPosition(samples, 2 * samples))
+
+
+class EnvRunnerGroupStandIn:
+    """Requests are counted per EnvRunner; each fetch returns what the test scheduled, in the
+    order given (Ray's readiness order, not the order of the requests)."""
+
+    def __init__(self, runner_ids):
+        self.healthy = set(runner_ids)
+        self.requests = {i: 0 for i in runner_ids}
+        self.fetches: list[list[tuple[int, object]]] = []
+
+    def foreach_env_runner_async(self, func, tag, remote_worker_ids):
+        assert tag == SAMPLE_TAG
+        [i] = remote_worker_ids
+        if i not in self.healthy:
+            return 0
+        self.requests[i] += 1
+        return 1
+
+    def fetch_ready_async_reqs(self, tags, timeout_seconds):
+        assert tags == SAMPLE_TAG
+        return self.fetches.pop(0) if self.fetches else []
+
+    def healthy_env_runner_ids(self):
+        return sorted(self.healthy)
+
+
+def test_each_runner_keeps_k_requests_queued_and_hands_out_its_oldest_batch_first():
+    group, pipeline = EnvRunnerGroupStandIn([1, 2]), RolloutPipeline(depth=2)
+    group.fetches = [[(1, batch(1, 2)), (1, batch(1, 1))], [(2, batch(2, 1))]]
+    first = pipeline.next_results(group, [1, 2], timeout_s=10)
+    assert [(b.runner_index, b.position.samples) for b in first] == [(1, 1), (2, 1)]
+    # two queued at first, one more for each batch handed out; runner 1's second batch waits
+    assert group.requests == {1: 3, 2: 3}
+    assert pipeline.in_flight == {1: 1, 2: 2} and [b.position.samples for b in pipeline.finished[1]] == [2]
+    group.fetches = [[(2, batch(2, 2))]]
+    second = pipeline.next_results(group, [1, 2], timeout_s=10)
+    assert [(b.runner_index, b.position.samples) for b in second] == [(1, 2), (2, 2)]
+    assert group.requests == {1: 4, 2: 4} and pipeline.in_flight == {1: 2, 2: 2}
+
+
+def test_a_dead_runner_is_left_out_and_forgotten_and_a_failure_comes_first():
+    group, pipeline = EnvRunnerGroupStandIn([1, 2]), RolloutPipeline(depth=1)
+    group.healthy.discard(2)  # died: Ray dropped its requests
+    failure = SampleFailure(1, "Traceback ...")
+    group.fetches = [[(1, batch(1, 1)), (1, failure)]]
+    pipeline.in_flight[1] = 1  # a second request, queued before
+    assert pipeline.next_results(group, [1, 2], timeout_s=10) == [failure]
+    assert 2 not in pipeline.in_flight and 2 not in pipeline.finished
+    pipeline.forget([1])
+    assert not pipeline.in_flight and not pipeline.finished
