@@ -3,6 +3,7 @@ learner updates; each batch is trained one weights version after the one it was 
 no prompt is skipped or trained twice, across a checkpoint and a restore included."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -27,6 +28,17 @@ class RecordsSamples(ARPOEnvRunner):
         with open(self.log_file, "a") as out:
             out.write(json.dumps(record) + "\n")
         return batch
+
+
+class RunnerOneDiesInItsSecondSample(RecordsSamples):
+    """EnvRunner 1 ends its own process at the start of its second sample(), once per test."""
+
+    def sample(self, **kwargs):
+        killed = Path(self.log_file).with_name("killed")
+        if self.worker_index == 1 and self.position.samples == 1 and not killed.exists():
+            killed.touch()
+            os._exit(1)
+        return super().sample(**kwargs)
 
 
 def samples_of(log_file: Path, runner: int) -> list[dict]:
@@ -93,3 +105,31 @@ def test_max_staleness_needs_remote_env_runners(small_config):
 
     with pytest.raises(ValueError, match="max_staleness 1 needs num_env_runners >= 1"):
         small_config.learners(max_staleness=1).validate()
+
+
+def test_a_runner_killed_with_requests_in_flight_samples_them_again(ray_session, small_config, tmp_path):
+    from rllib_arpo.data.datasets import PromptStream, load_dataset
+    from rllib_arpo.data.prompts import encode_prompt
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    RunnerOneDiesInItsSecondSample.log_file = str(tmp_path / "samples.jsonl")
+    config = small_config.env_runners(num_env_runners=2, env_runner_cls=RunnerOneDiesInItsSecondSample)
+    algo = config.learners(max_staleness=1).build_algo()
+    try:
+        results = [algo.train() for _ in range(3)]
+        positions = dict(algo.data_positions)
+        tokenizer = algo.env_runner_group.foreach_env_runner(lambda r: r.tokenizer, remote_worker_ids=[2])[0]
+    finally:
+        algo.stop()
+    assert (tmp_path / "killed").exists()
+    assert [r.get("env_runner_restarts") == 1 for r in results].count(True) == 1  # then NaN: none since
+    # the restarted runner 1 takes up its second batch where the killed one left it: the same
+    # prompts, in order, none skipped and none twice, and the pipeline fills again behind it
+    trained = {runner: samples_of(tmp_path / "samples.jsonl", runner)[:3] for runner in (1, 2)}
+    for runner in (1, 2):
+        assert [s["position"] for s in trained[runner]] == [[1, 2], [2, 4], [3, 6]]
+    shard = PromptStream(load_dataset(config.dataset), seed=config.seed, index=0, count=2)
+    expected = [[encode_prompt(tokenizer, e) for e in shard.next_batch(2)] for _ in range(3)]
+    assert [s["prompts"] for s in trained[1]] == expected
+    assert positions == {1: DataPosition(3, 6), 2: DataPosition(3, 6)}
+    assert [r["weights_version"] for r in results] == [1, 2, 3]
