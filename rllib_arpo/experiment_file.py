@@ -64,8 +64,9 @@ RESULT_VALUES = (
     # RLlib's
     "num_env_steps_sampled_lifetime", "num_training_step_calls_per_iteration",
     # ARPO's (ARPO.training_step)
-    "weights_version", "trained_tokens", "learner_update_s", "weight_sync_s", "env_runner_restarts",
-    "dynamic_sampling_rounds", "dynamic_sampling_kept_fraction",
+    "weights_version", "trained_tokens", "learner_update_s", "weight_sync_s", "weight_sync_bytes",
+    "env_runner_restarts", "dynamic_sampling_rounds", "dynamic_sampling_kept_fraction", "staleness_mean",
+    "staleness_max",
 )  # fmt: skip
 """The numbers at the top level of an ARPO iteration's result: the keys ``stop`` may name."""
 RESULT_GROUPS = (
