@@ -86,18 +86,13 @@ class RolloutPipeline:
         self.fill(env_runner_group, runner_ids)
         deadline = time.monotonic() + timeout_s
         while True:
-            healthy = set(env_runner_group.healthy_env_runner_ids())
-            self.forget([i for i in runner_ids if i not in healthy])
+            healthy = self._forget_unhealthy(env_runner_group)
             waiting = [i for i in runner_ids if i in healthy and not self.finished.get(i)]
             if not waiting:
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"EnvRunner(s) {waiting} returned no batch in {timeout_s:.0f} s")
-            for runner_index, result in env_runner_group.fetch_ready_async_reqs(
-                tags=SAMPLE_TAG, timeout_seconds=POLL_S
-            ):
-                self.in_flight[runner_index] -= 1
-                self.finished.setdefault(runner_index, []).append(result)
+            self._collect_ready(env_runner_group)
         oldest = {}
         for i in runner_ids:
             if self.finished.get(i):
@@ -128,8 +123,19 @@ class RolloutPipeline:
         to other data positions, e.g. by a restore)."""
         deadline = time.monotonic() + timeout_s
         while any(self.in_flight.values()) and time.monotonic() < deadline:
-            healthy = set(env_runner_group.healthy_env_runner_ids())
-            self.forget([i for i in self.in_flight if i not in healthy])
-            for runner_index, _ in env_runner_group.fetch_ready_async_reqs(tags=SAMPLE_TAG, timeout_seconds=POLL_S):
-                self.in_flight[runner_index] -= 1
+            self._forget_unhealthy(env_runner_group)
+            self._collect_ready(env_runner_group)
         self.forget(list(self.in_flight) + list(self.finished))
+
+    def _forget_unhealthy(self, env_runner_group) -> set[int]:
+        """Forget the EnvRunners Ray has marked unhealthy (it dropped their requests); returns the
+        healthy ones."""
+        healthy = set(env_runner_group.healthy_env_runner_ids())
+        self.forget([i for i in {*self.in_flight, *self.finished} if i not in healthy])
+        return healthy
+
+    def _collect_ready(self, env_runner_group) -> None:
+        """File the results that are ready, waiting at most ``POLL_S``."""
+        for runner_index, result in env_runner_group.fetch_ready_async_reqs(tags=SAMPLE_TAG, timeout_seconds=POLL_S):
+            self.in_flight[runner_index] -= 1
+            self.finished.setdefault(runner_index, []).append(result)
