@@ -16,8 +16,14 @@ function. The defaults follow this project's SmolLM2 ARPO config (P = 4, M = 4, 
 TRL's own tool calling goes through the chat template's tool format, which SmolLM2's template
 does not have, so the equal-work comparison is without tools: ``ours-grpo`` (GRPO, M samples per
 prompt, ``max_tool_calls: 0``, generation until EOS or the token limit) against ``trl-grpo``.
+``ours-grpo-pipelined`` is ``ours-grpo`` with ``max_staleness: 1``: an EnvRunner actor samples
+the next step's batch while the learner updates on this one (the correction: ``old_logprobs:
+learner``, ``tis_cap: 2``); its peak memory is the learner's process only, the actor's not counted.
 ``ours-arpo-tools`` is ARPO with its search and Python tools and tree rollouts (M = 4, N = 2):
 more work per step (tool calls, tool results in the context), listed apart.
+
+Measure from the cold-started model (``--model smollm2_cold_start``, README): the base model
+never writes the answer tags, so every reward is -1 on both sides and neither learns anything.
 
 Each contender runs in its own process, one after another (so peak memory is its own), on the
 transformers generation engine on both sides. Per step (the ``--warmup`` steps left out of the
@@ -39,9 +45,10 @@ import time
 from pathlib import Path
 
 DATASET = {"type": "tir_task", "seed": 0, "split": "train"}
-CONTENDERS = ("ours-grpo", "trl-grpo", "ours-arpo-tools")
+CONTENDERS = ("ours-grpo", "ours-grpo-pipelined", "trl-grpo", "ours-arpo-tools")
 LABELS = {
     "ours-grpo": "rllib-arpo GRPO, no tools",
+    "ours-grpo-pipelined": "rllib-arpo GRPO, no tools, max_staleness 1 (1 EnvRunner actor)",
     "trl-grpo": "TRL GRPOTrainer, no tools",
     "ours-arpo-tools": "rllib-arpo ARPO with search + Python tools (more work per step)",
 }
@@ -67,7 +74,7 @@ def main() -> None:
     args = parser.parse_args()
 
     if args.run:
-        result = {"ours-grpo": run_ours, "ours-arpo-tools": run_ours, "trl-grpo": run_trl}[args.run](args)
+        result = run_trl(args) if args.run == "trl-grpo" else run_ours(args)
         result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         Path(args.out).write_text(json.dumps(result))
         return
@@ -141,11 +148,13 @@ def ours_config(args, name: str) -> dict:
         "packing": args.packing,
         "seed": 0,
     }
-    if name == "ours-grpo":
+    if name.startswith("ours-grpo"):
         config.update(
             initial_rollouts=args.rollouts, tools={}, max_tool_calls=0, advantage_estimator="grpo", kl_coef=0.0
         )
-    else:  # ARPO: N = M / 2 sampled first, Z = 2, the reference scripts' branching
+    if name == "ours-grpo-pipelined":  # an EnvRunner actor samples the next batch while the learner updates
+        config.update(num_env_runners=1, max_staleness=1, old_logprobs="learner", tis_cap=2.0)
+    if name == "ours-arpo-tools":  # ARPO: N = M / 2 sampled first, Z = 2, the reference scripts' branching
         config.update(
             initial_rollouts=max(args.rollouts // 2, 1),
             branch_factor=2,

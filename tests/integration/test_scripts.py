@@ -37,6 +37,7 @@ def test_bench_peer_trl_runs_every_contender(tiny_policy_cache):
     labels = [line.split("|")[1].strip() for line in table.splitlines()[2:]]
     assert labels == [
         "rllib-arpo GRPO, no tools",
+        "rllib-arpo GRPO, no tools, max_staleness 1 (1 EnvRunner actor)",
         "TRL 1.16.0 GRPOTrainer, no tools",
         "rllib-arpo ARPO with search + Python tools (more work per step)",
     ]
