@@ -188,6 +188,11 @@ def main() -> None:
     print_table(results, wall_ratios, args)
 
 
+def ratio(tree: float, flat: float) -> str:
+    """``tree / flat`` as ``1.23x``; ``n/a`` where flat is 0 (no tool calls: no tool time to compare)."""
+    return f"{tree / flat:.2f}x" if flat else "n/a"
+
+
 def print_table(
     results: dict[str, dict[str, RunResult]], wall_ratios: dict[str, list[float]], args: argparse.Namespace
 ) -> None:
@@ -215,12 +220,12 @@ def print_table(
         flat, tree = runs["flat"], runs["tree"]
         ratios = wall_ratios[name]
         print(
-            f"{name}: tree/flat wall {tree.wall_s / flat.wall_s:.2f}x (pairs {min(ratios):.2f}-{max(ratios):.2f}x), "
-            "generation time "
-            f"{tree.generation_s / flat.generation_s:.2f}x, tool time {tree.tool_s / flat.tool_s:.2f}x, tool calls "
-            f"{tree.tool_calls / max(flat.tool_calls, 1):.2f}x, generated tokens "
-            f"{tree.generated_tokens / flat.generated_tokens:.2f}x, prefill computed "
-            f"{tree.prefill_computed / max(flat.prefill_computed, 1):.2f}x"
+            f"{name}: tree/flat wall {ratio(tree.wall_s, flat.wall_s)} (pairs {min(ratios):.2f}-{max(ratios):.2f}x), "
+            f"generation time {ratio(tree.generation_s, flat.generation_s)}, "
+            f"tool time {ratio(tree.tool_s, flat.tool_s)}, "
+            f"tool calls {ratio(tree.tool_calls, flat.tool_calls)}, generated tokens "
+            f"{ratio(tree.generated_tokens, flat.generated_tokens)}, prefill computed "
+            f"{ratio(tree.prefill_computed, flat.prefill_computed)}"
         )
     for name, runs in results.items():
         tree = runs["tree"]

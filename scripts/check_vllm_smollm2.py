@@ -38,7 +38,7 @@ def main() -> None:
 
     path = resolve_model_path(args.model)
     start = time.perf_counter()
-    vllm = VLLMEngine(path, dtype="float32", gpu_memory_utilization=0.15, max_model_len=2048, block_size=32)
+    vllm = VLLMEngine(path, dtype="float32", gpu_memory_utilization=0.3, max_model_len=2048, block_size=32)
     started = time.perf_counter() - start
     hf = HFEngine.from_pretrained(path, dtype=torch.float32)
     examples = load_dataset({"type": "tir_task", "seed": 0, "split": "test"})[: args.questions]

@@ -19,7 +19,8 @@ Per run, from the trial's result.json:
     train tool calls / prompt, train tokens / prompt: tool calls executed and tokens generated in
         training rollouts per prompt sampled (shared prefixes of a tree count once; DAPO's extra
         dynamic-sampling rounds count too);
-    minutes: wall time of the whole run.
+    minutes: wall time of the whole run;
+    held-out curve: (iteration, accuracy) of every held-out evaluation (plotted, mean over seeds).
 
 The table gives, per config, mean and 95% t-interval over seeds, and the paired difference of the
 gain to ``--baseline`` with its 95% interval and a paired t-test's p-value. ``--out PREFIX``
@@ -103,6 +104,7 @@ def run_once(
         "train_tool_calls_per_prompt": tool_calls / prompts,
         "train_tokens_per_prompt": tokens / prompts,
         "minutes": minutes,
+        "held_out_curve": [[iteration, metrics["accuracy"]] for iteration, metrics in points],
     }
 
 
@@ -155,7 +157,7 @@ def plot(runs: list[dict], path: Path) -> None:
         ("train_tool_calls_per_prompt", "train tool calls / prompt"),
         ("train_tokens_per_prompt", "train tokens / prompt"),
     )
-    figure, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
+    figure, axes = plt.subplots(1, len(panels) + 1, figsize=(4.2 * (len(panels) + 1), 3.6))
     for axis, (key, label) in zip(axes, panels):
         for x, config in enumerate(configs):
             values = [r[key] for r in runs if r["config"] == config]
@@ -166,9 +168,26 @@ def plot(runs: list[dict], path: Path) -> None:
         axis.set_xticks(range(len(configs)), [c.removesuffix("_tiny") for c in configs], rotation=45, ha="right")
         axis.set_title(label, fontsize=10)
         axis.grid(alpha=0.3, axis="y")
+    plot_held_out_curves(axes[-1], runs, configs)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def plot_held_out_curves(axis, runs: list[dict], configs: list[str]) -> None:
+    """Held-out accuracy by iteration, mean over the seeds of each config (thin lines: each seed)."""
+    for config in configs:
+        curves = [np.asarray(r["held_out_curve"]) for r in runs if r["config"] == config and r.get("held_out_curve")]
+        if not curves:
+            continue
+        mean = np.mean([curve[:, 1] for curve in curves], axis=0)
+        (line,) = axis.plot(curves[0][:, 0], mean, label=config.removesuffix("_tiny"))
+        for curve in curves:
+            axis.plot(curve[:, 0], curve[:, 1], color=line.get_color(), alpha=0.25, linewidth=0.8)
+    axis.set_xlabel("iteration", fontsize=9)
+    axis.set_title("held-out accuracy (mean over seeds)", fontsize=10)
+    axis.legend(fontsize=7)
+    axis.grid(alpha=0.3)
 
 
 def run_missing(args: argparse.Namespace, results: Path, runs: list[dict]) -> None:

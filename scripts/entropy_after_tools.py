@@ -78,7 +78,8 @@ def trajectory_entropies(tree, window: int) -> list[EntropySample]:
 def encode_question(tokenizer, question: str, example_question: str, example_transcript: str) -> list[int]:
     """Plain ``Question: ...\\nAnswer: `` for a tokenizer without chat template (the tiny policy,
     trained on it), else a chat with the tag instructions and one worked example."""
-    from rllib_arpo.data.datasets import PromptExample, encode_prompt
+    from rllib_arpo.data.datasets import PromptExample
+    from rllib_arpo.data.prompts import encode_prompt
 
     if not getattr(tokenizer, "chat_template", None):
         return encode_prompt(tokenizer, PromptExample(f"Question: {question}\nAnswer: ", "", "math", "tir_task"))
@@ -165,6 +166,9 @@ def plot(results: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
 
     shown = [r for r in results if r.get("dH")]
+    if not shown:
+        print(f"no tool call to measure dH after: {path} not written")
+        return
     columns = min(2, len(shown))
     rows = math.ceil(len(shown) / columns)
     figure, axes = plt.subplots(rows, columns, figsize=(5.2 * columns, 3.2 * rows), squeeze=False)

@@ -1,5 +1,6 @@
 """Scripts the docs quote, run at their smallest size so they cannot rot unseen."""
 
+import json
 import os
 import re
 import subprocess
@@ -67,3 +68,102 @@ def test_bench_pipeline_compares_synchronous_and_pipelined_steps(tiny_policy_cac
     # each setting trains on batches exactly as stale as it allows, against synchronous at 1.00x
     assert [(k, seen) for k, seen, _ in rows] == [("0", "0"), ("1", "1")] and rows[0][2] == "1.00"
     assert "model: pipelined step max(S, U)" in completed.stdout
+
+
+def run_script(name: str, *arguments: str, cache: Path) -> str:
+    """``python scripts/NAME ARGUMENTS`` with the test session's tiny policy; its stdout."""
+    env = {**os.environ, "RLLIB_ARPO_CACHE": str(cache)}
+    command = [sys.executable, str(REPO / "scripts" / name), *arguments]
+    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
+    return completed.stdout
+
+
+def test_bench_learner_prints_a_row_per_layout(tiny_policy_cache):
+    out = run_script(
+        "bench_learner.py", "--model-path", "tiny", "--layouts", "torch-1", "--packing", "padded", "tree",
+        "--rows", "2", "--group-size", "2", "--response-tokens", "16", "--repeats", "1", cache=tiny_policy_cache,
+    )  # fmt: skip
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| tiny |")]
+    assert [(r[2].strip(), r[3].strip()) for r in rows] == [("torch-1", "padded"), ("torch-1", "tree")]
+    # both train the same 2 x 16 response tokens; the tree lays the 2 rows' shared 32-token prompt out once
+    assert [int(r[5]) for r in rows] == [32, 32] and [int(r[6]) for r in rows] == [96, 64]
+
+
+def test_bench_rollout_compares_tree_and_flat(tiny_policy_cache):
+    out = run_script(
+        "bench_rollout.py", "--model-path", "tiny", "--engines", "hf", "--prompts", "2", "--total-rollouts", "4",
+        "--initial-rollouts", "2", "--max-response-tokens", "32", "--repeats", "1", cache=tiny_policy_cache,
+    )  # fmt: skip
+    runs = re.findall(r"^hf\s+(flat|tree)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+(\d+)", out, re.MULTILINE)
+    assert runs == [("flat", "8"), ("tree", "8")]  # M = 4 trajectories for each of the 2 prompts
+    assert "hf: tree/flat wall" in out
+
+
+def test_bench_tools_measures_each_tool(tiny_policy_cache):
+    out = run_script("bench_tools.py", "--seconds", "0.2", cache=tiny_policy_cache)
+    assert re.search(r"^python \(\w+\)\s+[\d.]+ calls/s\s+[\d.]+ calls/s$", out, re.MULTILINE), out
+    assert re.search(r"^search \(bm25\)\s+[\d.]+ calls/s\s+[\d.]+ calls/s$", out, re.MULTILINE), out
+
+
+def test_fuzz_rollout_ends_without_exceptions(tiny_policy_cache):
+    out = run_script("fuzz_rollout.py", "--generations", "20", "--max-python-calls", "5", cache=tiny_policy_cache)
+    counts = dict(line.rsplit(None, 1) for line in out.splitlines() if re.match(r"^\S+\s+\d+$", line))
+    assert counts["generations"] == "20" and counts["exceptions"] == "0"
+
+
+def test_entropy_after_tools_writes_its_summary_and_histogram(tiny_policy_cache, tmp_path):
+    run_script(
+        "entropy_after_tools.py", "--model-path", "tiny", "--questions", "2", "--samples", "2", "--forced",
+        "--max-response-tokens", "64", "--json", str(tmp_path / "dh.json"), "--plot", str(tmp_path / "dh.png"),
+        cache=tiny_policy_cache,
+    )  # fmt: skip
+    own, forced = json.loads((tmp_path / "dh.json").read_text())
+    assert own["trajectories"] == 4 and forced["name"] == "tiny, forced reference calls"
+    # each reference transcript makes its tool calls whatever the policy would do
+    assert forced["tool_calls"] > 0 and (tmp_path / "dh.png").stat().st_size > 0
+
+
+def test_expand_policy_keeps_the_logits(tiny_policy_cache, tmp_path):
+    out = run_script(
+        "expand_policy.py", str(tmp_path / "wide"), "--model-path", "tiny", "--hidden-size", "256", "--layers", "3",
+        "--intermediate-size", "512", "--heads", "4", "--kv-heads", "2", cache=tiny_policy_cache,
+    )  # fmt: skip
+    assert float(re.search(r"largest logit gap ([\d.e+-]+)", out).group(1)) < 1e-4
+    assert (tmp_path / "wide" / "config.json").is_file()
+
+
+def test_build_tiny_policy_saves_a_loadable_model(tiny_policy_cache, tmp_path):
+    out = run_script(
+        "build_tiny_policy.py", "--out", str(tmp_path / "tiny"), "--sft-steps", "0", cache=tiny_policy_cache
+    )
+    assert f"saved the tiny policy to {tmp_path / 'tiny'}" in out
+    assert json.loads((tmp_path / "tiny" / "config.json").read_text())["num_hidden_layers"] == 2
+
+
+def test_profile_step_splits_a_step_into_its_parts(tiny_policy_cache):
+    out = run_script("profile_step.py", "--iterations", "1", "--warmup", "0", cache=tiny_policy_cache)
+    [mean] = re.findall(r"^mean\s+[\d.]+\s+(.*)$", out, re.MULTILINE)
+    shares = [float(share) for share in re.findall(r"([\d.]+)%", mean)]
+    assert len(shares) == 5 and abs(sum(shares) - 100) < 0.5  # generation, tools, learner, sync, other
+
+
+def test_compare_algorithms_tabulates_and_resumes(tiny_policy_cache, tmp_path):
+    arguments = [
+        str(REPO / "tuned_examples" / "arpo_tiny.yaml"), str(REPO / "tuned_examples" / "grpo_tiny.yaml"),
+        "--seeds", "0", "--baseline", "grpo_tiny", "--stop", '{"training_iteration": 1}',
+        "--config", '{"held_out_interval": 1, "held_out_size": 2, "prompts_per_env_runner": 1, '
+        '"max_response_tokens": 32}',
+        "--results", str(tmp_path / "runs.jsonl"), "--storage-path", str(tmp_path / "runs"),
+        "--out", str(tmp_path / "cmp"),
+    ]  # fmt: skip
+    out = run_script("compare_algorithms.py", *arguments, cache=tiny_policy_cache)
+    runs = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    assert [(r["config"], r["seed"]) for r in runs] == [("arpo_tiny", 0), ("grpo_tiny", 0)]
+    assert [[i for i, _ in r["held_out_curve"]] for r in runs] == [[0, 1], [0, 1]]  # before and after the update
+    table = (tmp_path / "cmp.md").read_text()
+    assert [line.split("|")[1].strip() for line in table.splitlines()[2:]] == ["arpo_tiny", "grpo_tiny"]
+    # the runs on file are not run again: the same table, nothing appended
+    again = run_script("compare_algorithms.py", *arguments, cache=tiny_policy_cache)
+    assert again.strip().endswith(table.strip()) and len((tmp_path / "runs.jsonl").read_text().splitlines()) == 2
+    assert out.strip().endswith(table.strip())
