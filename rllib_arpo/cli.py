@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rllib_arpo.data.tir_task import TASK_VARIANTS
 from rllib_arpo.experiment_file import ConfigError, grid_size, is_search_space, load_experiments
 from rllib_arpo.gpu_check import PIECES as GPU_CHECK_PIECES
 
@@ -237,6 +238,7 @@ def cold_start(args: argparse.Namespace) -> int:
         lr=args.lr,
         demonstrations=demonstrations,
         max_tool_result_tokens=args.max_tool_result_tokens,
+        variant=args.task_variant,
         seed=args.seed,
     )
     minutes = (time.perf_counter() - start) / 60
@@ -247,6 +249,7 @@ def cold_start(args: argparse.Namespace) -> int:
         "lr": args.lr,
         "reference_demonstrations": len(demonstrations),
         "embedded_task_demonstrations": args.steps * args.batch_size - len(demonstrations),
+        "task_variant": args.task_variant,
         "seed": args.seed,
         "minutes": minutes,
         "losses": losses,
@@ -324,6 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
     cold.add_argument("--lr", type=float, default=3e-5)
     cold.add_argument("--seed", type=int, default=0)
     cold.add_argument("--max-tool-result-tokens", type=int, default=96)
+    cold.add_argument(
+        "--task-variant", choices=TASK_VARIANTS, default="plain", help="the embedded task's variant (data.tir_task)"
+    )
     cold.add_argument("--reference-set", help="a verl parquet training set (QA rows the search cache answers)")
     cold.add_argument("--search-cache", help="the reference search_cache.json")
     cold.add_argument("--search-top-k", type=int, default=3)

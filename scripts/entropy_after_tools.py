@@ -2,20 +2,29 @@
 
     python scripts/entropy_after_tools.py --model-path tiny --questions 48 --samples 8
     python scripts/entropy_after_tools.py --model-path smollm2-135m --questions 24 --samples 4 --forced
+    python scripts/entropy_after_tools.py --model-path tiny --questions 48 --samples 8 --variant namesakes
+    python scripts/entropy_after_tools.py --model-path smollm2_cold_start --questions 48 --samples 4 \
+        --training-prompt --temperature 0.7 --variant namesakes
 
-For each question of the embedded task (train split), ``--samples`` trajectories are rolled out
-with the real tools and no branching, at temperature 1. From every trajectory: H_initial, the
-mean entropy (nats) of the first k = 20 tokens of its first segment, and for every tool call t,
-H_t, the same mean over the first k tokens generated after the tool result; dH_t = H_t -
-H_initial. AEPO's pre-monitoring gap is H_root - mean_t H_t of a trajectory (H_root = H_initial).
+For each question of the embedded task (train split; ``--variant namesakes``: the variant whose
+search results do not always settle the next step, ``data.tir_task``), ``--samples``
+trajectories are rolled out with the real tools and no branching, at temperature T (default 1).
+From every trajectory: H_initial, the mean entropy (nats) of the first k = 20 tokens of its
+first segment, and for every tool call t, H_t, the same mean over the first k tokens generated
+after the tool result; dH_t = H_t - H_initial. AEPO's pre-monitoring gap is H_root - mean_t H_t
+of a trajectory (H_root = H_initial).
 
 A chat model (a tokenizer with a chat template, such as SmolLM2-135M-Instruct) has never seen
 the tag format, so its prompt is a chat: a system message that explains the tags, one worked
 example (a question of the valid split and its reference transcript, as user and assistant
-turns) and the question. ``--forced`` also measures on forced transcripts: the reference
-solution's tool calls and their real results are written into the response, and the model
-samples k tokens after each result (and k tokens right after the prompt for H_initial), so dH is
-measured where the model would have called the tools even when it does not call them itself.
+turns) and the question. A cold-started model (``rllib cold-start``) learned the prompt RL
+trains on (ARPO's system prompt and the question, ``data.datasets.tir_task_example``):
+``--training-prompt`` uses that prompt, and ``--temperature`` the run's sampling temperature (it
+changes which tokens are drawn; the entropies are of softmax(logits), as the engines report them
+in training). ``--forced`` also measures on forced transcripts: the reference solution's tool
+calls and their real results are written into the response, and the model samples k tokens after
+each result (and k tokens right after the prompt for H_initial), so dH is measured where the
+model would have called the tools even when it does not call them itself.
 
 Printed: counts, mean, quantiles of dH, and what the branching rules make of it at the default
 settings, with entropies in nats and divided by log|V| (the scale used before): the stochastic
@@ -92,14 +101,16 @@ def encode_question(tokenizer, question: str, example_question: str, example_tra
     return encode_prompt(tokenizer, PromptExample(messages, "", "math", "tir_task"))
 
 
-def forced_samples(engine, prompts, transcripts, samples: int, window: int, seed: int) -> list[EntropySample]:
+def forced_samples(
+    engine, prompts, transcripts, samples: int, window: int, seed: int, temperature: float
+) -> list[EntropySample]:
     """dH on forced transcripts: k tokens sampled after the prompt and after each tool result of
     the reference transcript (its text up to and including that result)."""
     from rllib_arpo.core.entropy import window_mean_entropy
     from rllib_arpo.rollout.engine import SamplingParams
     from rllib_arpo.tools.base import RESULT_CLOSE
 
-    params = SamplingParams(max_new_tokens=window, temperature=1.0, seed=seed)
+    params = SamplingParams(max_new_tokens=window, temperature=temperature, seed=seed)
     out = []
     for prompt, transcript in zip(prompts, transcripts):
         cuts = [i + len(RESULT_CLOSE) for i in _find_all(transcript, RESULT_CLOSE)]
@@ -185,6 +196,8 @@ def plot(results: list[dict], path: str) -> None:
 
 
 def main() -> None:
+    from rllib_arpo.data.tir_task import TASK_VARIANTS
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-path", default="tiny")
     parser.add_argument("--questions", type=int, default=48)
@@ -193,6 +206,9 @@ def main() -> None:
     parser.add_argument("--max-response-tokens", type=int, default=256)
     parser.add_argument("--window", type=int, default=20, help="k")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--variant", choices=TASK_VARIANTS, default="plain", help="the embedded task's variant")
+    parser.add_argument("--training-prompt", action="store_true", help="the prompt RL trains on (cold-started models)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature T")
     parser.add_argument("--json", help="write the summaries here")
     parser.add_argument("--plot", help="write a histogram of dH here (PNG)")
     parser.add_argument("--plot-from", nargs="+", help="plot these --json files instead of measuring")
@@ -203,6 +219,8 @@ def main() -> None:
 
     import rllib_arpo.tools  # noqa: F401  (registers the tools)
     from rllib_arpo.core.branching import NoBranching
+    from rllib_arpo.data.datasets import tir_task_example
+    from rllib_arpo.data.prompts import encode_prompt
     from rllib_arpo.data.tir_task import TIRTask, demonstration
     from rllib_arpo.models.cache import resolve_model_path
     from rllib_arpo.rollout.hf_engine import HFEngine
@@ -210,7 +228,7 @@ def main() -> None:
     from rllib_arpo.rollout.tree_rollout import TreeRollout
     from rllib_arpo.tools.base import ToolCall, ToolExecutor, build_tools
 
-    task = TIRTask(seed=0)
+    task = TIRTask(seed=0, variant=args.variant)
     tools = ToolExecutor(
         build_tools({"search": {"backend": "bm25", "documents": task.corpus(), "top_k": 2}, "python": {}})
     )
@@ -225,7 +243,12 @@ def main() -> None:
     example = task.split("valid")[2]  # a "both" question: a search, then Python
     example_transcript = demonstration(example, np.random.default_rng(0), search=search, python=python)
     questions = task.split("train")[: args.questions]
-    prompts = [encode_question(engine.tokenizer, q.question, example.question, example_transcript) for q in questions]
+    if args.training_prompt:
+        prompts = [encode_prompt(engine.tokenizer, tir_task_example(q)) for q in questions]
+    else:
+        prompts = [
+            encode_question(engine.tokenizer, q.question, example.question, example_transcript) for q in questions
+        ]
 
     settings = RolloutSettings(
         total_rollouts=args.samples,
@@ -233,15 +256,16 @@ def main() -> None:
         entropy_window=args.window,
         max_response_tokens=args.max_response_tokens,
         max_tool_result_tokens=96,
+        temperature=args.temperature,
     )
     trees, _ = TreeRollout(engine, tools, NoBranching(), settings).run(prompts, seed=args.seed)
     vocab_size = engine.model.config.vocab_size
     own = [sample for tree in trees for sample in trajectory_entropies(tree, args.window)]
-    results = [summary(f"{args.model_path}, own tool calls", own, vocab_size)]
+    results = [summary(f"{args.model_path}, {args.variant}, own tool calls", own, vocab_size)]
     if args.forced:
         transcripts = [demonstration(q, np.random.default_rng(0), search=search, python=python) for q in questions]
-        forced = forced_samples(engine, prompts, transcripts, args.samples, args.window, args.seed)
-        results.append(summary(f"{args.model_path}, forced reference calls", forced, vocab_size))
+        forced = forced_samples(engine, prompts, transcripts, args.samples, args.window, args.seed, args.temperature)
+        results.append(summary(f"{args.model_path}, {args.variant}, forced reference calls", forced, vocab_size))
     tools.close()
     for result in results:
         print(json.dumps({k: v for k, v in result.items() if k not in ("dH", "gap")}, indent=1))

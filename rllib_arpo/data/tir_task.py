@@ -26,13 +26,35 @@ perfect demonstration that reaches the gold answer shows the question is answera
 tools (``is_answerable``). Deliberately imperfect transcripts (a skipped tool and a guess, a stop
 before the answer, an arithmetic slip) are there for a warm-start SFT that should not only ever
 see perfect behaviour.
+
+In the ``plain`` variant (the default) a search result states the asked fact plainly. In the
+``namesakes`` variant every entity questions ask about carries one trap (``Trap``), each kind on
+a third of them, so the step after a tool result is not always obvious:
+
+- ``near_namesake``: a distractor of the same kind whose name is one letter off, with other
+  values, and a document that mentions the real name ("Zorvoth is a city, not to be confused
+  with Zorvath. The population of Zorvoth is 51234. ..."), so a search for "population of
+  Zorvath" returns both documents and the right sentence has to be picked;
+- ``outdated_figure``: the entity's document gives an old figure before each current one ("An
+  old record gave the population of Zorvath as 41234. The population of Zorvath is 48213.");
+- ``renamed``: the entity's document holds no figures, only "Zorvath is a city. It was renamed
+  Quelmirden; its figures are listed under Quelmirden.", and the figures are in the new name's
+  document, which does not mention the old name: a second search, for "population of
+  Quelmirden", finds them.
+
+Questions ask with the old name of a renamed entity, and only in single-lookup questions (never
+in a difference), so no question needs more than three tool calls. Distractors and new names are
+in the corpus but never asked about. The traps are drawn from a generator of their own, so a
+namesakes task asks about the same entities, with the same values, as the plain task of its
+seed.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -42,6 +64,8 @@ from rllib_arpo.tools.base import ToolCall, wrap_result
 QuestionKind = Literal["search", "python", "both"]
 DemonstrationQuality = Literal["perfect", "skipped_tool", "stopped_early", "arithmetic_slip"]
 SplitName = Literal["train", "valid", "test"]
+TaskVariant = Literal["plain", "namesakes"]
+TrapKind = Literal["near_namesake", "outdated_figure", "renamed"]
 ToolFn = Callable[[str], str]
 
 QUESTION_KINDS: tuple[QuestionKind, ...] = ("search", "python", "both")
@@ -52,6 +76,8 @@ DEMONSTRATION_QUALITIES: tuple[DemonstrationQuality, ...] = (
     "arithmetic_slip",
 )
 SPLIT_NAMES: tuple[SplitName, ...] = ("train", "valid", "test")
+TASK_VARIANTS: tuple[TaskVariant, ...] = ("plain", "namesakes")
+TRAP_KINDS: tuple[TrapKind, ...] = ("near_namesake", "outdated_figure", "renamed")
 NEEDED_TOOLS: dict[QuestionKind, tuple[str, ...]] = {
     "search": ("search",),
     "python": ("python",),
@@ -71,6 +97,8 @@ NAME_SYLLABLES: tuple[str, ...] = (
     "zor", "vath", "quel", "mir", "bra", "sk", "tal", "den", "vor", "ix", "ae", "lun", "kar",
     "oth", "pel", "rin", "sa", "dru", "gan", "hel", "ost", "wy", "fen", "nor", "el", "thar",
 )  # fmt: skip
+VOWELS = "aeiou"
+CONSONANTS = "bcdfghjklmnpqrstvwxyz"
 
 # Arithmetic questions: (expression template, its value) over a in [1000, 9999], b in [11, 99],
 # c in [100, 999].
@@ -93,9 +121,50 @@ class Entity:
 
     def document(self) -> str:
         """The entity's corpus document: "Zorvath is a city. The population of Zorvath is 48213. ..."."""
-        sentences = [f"{self.name} is a {self.kind}."]
-        sentences += [f"The {label} of {self.name} is {value}." for label, value in self.attributes.items()]
-        return " ".join(sentences)
+        return " ".join([f"{self.name} is a {self.kind}.", *self.figures()])
+
+    def figures(self) -> list[str]:
+        """One sentence per attribute: "The population of Zorvath is 48213."."""
+        return [f"The {label} of {self.name} is {value}." for label, value in self.attributes.items()]
+
+
+@dataclass(frozen=True)
+class Trap:
+    """What stands between a search and one entity's figures in the namesakes variant.
+
+    Attributes:
+        kind: ``"near_namesake"``, ``"outdated_figure"`` or ``"renamed"`` (module docstring).
+        entity: the entity questions ask about.
+        other: ``near_namesake``: the distractor (same kind, a name one letter off, other
+            values); ``outdated_figure``: the entity as the old record gives it (same name and
+            kind, other values); ``renamed``: the entity under its new name (same kind and values).
+    """
+
+    kind: TrapKind
+    entity: Entity
+    other: Entity
+
+    def documents(self) -> list[str]:
+        """The corpus documents of the entity and its trap: the entity's and the distractor's, the
+        entity's with its old records, or the renaming note and the new name's."""
+        entity, other = self.entity, self.other
+        if self.kind == "near_namesake":
+            distractor = f"{other.name} is a {other.kind}, not to be confused with {entity.name}."
+            return [entity.document(), " ".join([distractor, *other.figures()])]
+        if self.kind == "outdated_figure":
+            sentences = [f"{entity.name} is a {entity.kind}."]
+            for label, current in zip(entity.attributes, entity.figures()):
+                old = other.attributes[label]
+                sentences += [f"An old record gave the {label} of {entity.name} as {old}.", current]
+            return [" ".join(sentences)]
+        renaming = f"It was renamed {other.name}; its figures are listed under {other.name}."
+        return [f"{entity.name} is a {entity.kind}. {renaming}", other.document()]
+
+
+def renamed_to(name: str, text: str) -> str | None:
+    """The new name ``text`` (a search result) gives for the renamed entity ``name``, None if none."""
+    match = re.search(rf"\b{re.escape(name)} is a [a-z]+\. It was renamed (\w+);", text)
+    return match.group(1) if match else None
 
 
 @dataclass(frozen=True)
@@ -165,6 +234,12 @@ class TIRTask:
         num_entities: size of the knowledge base (at least two entities of every kind).
         num_train / num_valid / num_test: questions per split. Question kinds take turns
             (search, python, both, search, ...) so every split of three or more has every kind.
+        variant: ``"plain"`` or ``"namesakes"`` (module docstring). The namesakes traps are
+            drawn from ``numpy.random.default_rng([seed, 1])``.
+
+    Attributes:
+        entities: the entities questions ask about.
+        traps: each entity's ``Trap`` by name (empty in the plain variant).
     """
 
     def __init__(
@@ -174,21 +249,37 @@ class TIRTask:
         num_train: int = 768,
         num_valid: int = 96,
         num_test: int = 192,
+        variant: TaskVariant = "plain",
     ) -> None:
         if num_entities < 2 * len(ENTITY_KINDS):
             raise ValueError(f"num_entities must be at least {2 * len(ENTITY_KINDS)}, got {num_entities}")
+        if variant not in TASK_VARIANTS:
+            raise ValueError(f"unknown task variant {variant!r}; choose from {TASK_VARIANTS}")
         self.seed = seed
+        self.variant = variant
         rng = np.random.default_rng(seed)
         self.entities = _generate_entities(rng, num_entities)
+        self.traps = _draw_traps(np.random.default_rng([seed, 1]), self.entities) if variant == "namesakes" else {}
+        comparable = [entity for entity in self.entities if self.trap_kind(entity.name) != "renamed"]
         seen_questions: set[str] = set()
         self._splits: dict[str, list[TIRExample]] = {}
         for name, size in zip(SPLIT_NAMES, (num_train, num_valid, num_test)):
             kinds = [QUESTION_KINDS[i % len(QUESTION_KINDS)] for i in range(size)]
-            self._splits[name] = [_draw_new_question(kind, rng, self.entities, seen_questions) for kind in kinds]
+            self._splits[name] = [
+                _draw_new_question(kind, rng, self.entities, comparable, seen_questions) for kind in kinds
+            ]
 
     def corpus(self) -> list[str]:
-        """The search tool's documents, one per entity."""
-        return [entity.document() for entity in self.entities]
+        """The search tool's documents: one per entity, or in the namesakes variant the documents
+        of its trap (``Trap.documents``)."""
+        if not self.traps:
+            return [entity.document() for entity in self.entities]
+        return [document for entity in self.entities for document in self.traps[entity.name].documents()]
+
+    def trap_kind(self, name: str) -> TrapKind | None:
+        """The kind of the trap of the entity ``name``; None in the plain variant."""
+        trap = self.traps.get(name)
+        return trap.kind if trap else None
 
     def split(self, name: SplitName) -> list[TIRExample]:
         """The questions of split ``name`` (``"train"``, ``"valid"`` or ``"test"``)."""
@@ -205,8 +296,10 @@ def format_prompt(example: TIRExample) -> str:
 def reference_solution(example: TIRExample, *, search: ToolFn, python: ToolFn) -> ReferenceSolution:
     """Solve ``example`` the intended way, with the given tools, using only what they return.
 
-    One ``search(fact.query)`` per fact; each value is read from the result text. Then, when the
-    example has a calculation, ``python(<calculation with the values filled in>)`` (the Python
+    One ``search(fact.query)`` per fact; each value is read from the result text. When the value
+    is not there but the result says the entity was renamed (``renamed_to``), a second search for
+    the fact under the new name, and the value is read from its result. Then, when the example
+    has a calculation, ``python(<calculation with the values filled in>)`` (the Python
     tool echoes the value of a final expression, like the interactive interpreter) and the answer
     is the integer it returns; otherwise the answer is the single looked-up value.
     """
@@ -216,6 +309,12 @@ def reference_solution(example: TIRExample, *, search: ToolFn, python: ToolFn) -
         result = search(fact.query)
         turns.append(ToolTurn(ToolCall("search", fact.query), result))
         value = fact.read_from(result)
+        new_name = renamed_to(fact.entity, result) if value is None else None
+        if new_name is not None:
+            fact = replace(fact, entity=new_name)
+            result = search(fact.query)
+            turns.append(ToolTurn(ToolCall("search", fact.query), result))
+            value = fact.read_from(result)
         if value is None:
             return ReferenceSolution(tuple(turns), None)
         values.append(value)
@@ -317,19 +416,68 @@ def _new_name(rng: np.random.Generator, taken: set[str]) -> str:
             return name
 
 
+def _draw_traps(rng: np.random.Generator, entities: list[Entity]) -> dict[str, Trap]:
+    """A ``Trap`` for every entity, by name: the kinds take turns and are then shuffled, so each
+    is on a third of the entities. Distractor and new names are distinct from every other name."""
+    taken = {entity.name for entity in entities}
+    kinds = rng.permutation([TRAP_KINDS[i % len(TRAP_KINDS)] for i in range(len(entities))])
+    traps = {}
+    for entity, kind in zip(entities, map(str, kinds)):
+        if kind == "renamed":
+            other = Entity(_new_name(rng, taken), entity.kind, entity.attributes)
+        else:
+            name = _near_namesake(entity.name, rng, taken) if kind == "near_namesake" else entity.name
+            other = Entity(name, entity.kind, _other_values(entity, rng))
+        traps[entity.name] = Trap(kind, entity, other)
+    return traps
+
+
+def _near_namesake(name: str, rng: np.random.Generator, taken: set[str]) -> str:
+    """``name`` with one letter replaced, a vowel by another vowel or a consonant by another
+    consonant ("Zorvath" -> "Zorvoth"), not in ``taken`` (then added to it)."""
+    while True:
+        position = int(rng.integers(len(name)))
+        letter = name[position].lower()
+        letters = [other for other in (VOWELS if letter in VOWELS else CONSONANTS) if other != letter]
+        replacement = str(rng.choice(letters))
+        candidate = name[:position] + (replacement.upper() if position == 0 else replacement) + name[position + 1 :]
+        if candidate not in taken:
+            taken.add(candidate)
+            return candidate
+
+
+def _other_values(entity: Entity, rng: np.random.Generator) -> dict[str, int]:
+    """A value for each of ``entity``'s attributes, drawn from the attribute's range, never the entity's."""
+    values = {}
+    for label, low, high in ENTITY_KINDS[entity.kind]:
+        value = entity.attributes[label]
+        while value == entity.attributes[label]:
+            value = int(rng.integers(low, high + 1))
+        values[label] = value
+    return values
+
+
 def _draw_new_question(
-    kind: QuestionKind, rng: np.random.Generator, entities: list[Entity], seen: set[str], max_tries: int = 1000
+    kind: QuestionKind,
+    rng: np.random.Generator,
+    entities: list[Entity],
+    comparable: list[Entity],
+    seen: set[str],
+    max_tries: int = 1000,
 ) -> TIRExample:
     """A question of ``kind`` whose text is not in ``seen`` (then added to it)."""
     for _ in range(max_tries):
-        example = _draw_question(kind, rng, entities)
+        example = _draw_question(kind, rng, entities, comparable)
         if example.question not in seen:
             seen.add(example.question)
             return example
     raise ValueError(f"ran out of distinct {kind!r} questions: use more entities or fewer questions")
 
 
-def _draw_question(kind: QuestionKind, rng: np.random.Generator, entities: list[Entity]) -> TIRExample:
+def _draw_question(
+    kind: QuestionKind, rng: np.random.Generator, entities: list[Entity], comparable: list[Entity]
+) -> TIRExample:
+    """A question of ``kind`` about ``entities``; a difference compares two ``comparable`` ones."""
     if kind == "search":
         fact = _random_fact(rng, entities)
         question = f"What is the {fact.attribute} of {fact.entity}?"
@@ -345,8 +493,9 @@ def _draw_question(kind: QuestionKind, rng: np.random.Generator, entities: list[
         factor = int(rng.integers(3, 30))
         question = f"What is the {fact.attribute} of {fact.entity} multiplied by {factor}?"
         return TIRExample(question, str(fact.value * factor), kind, NEEDED_TOOLS[kind], (fact,), f"{{0}} * {factor}")
-    entity_kind = str(rng.choice(list(ENTITY_KINDS)))
-    same_kind = [entity for entity in entities if entity.kind == entity_kind]
+    comparable_per_kind = Counter(entity.kind for entity in comparable)
+    entity_kind = str(rng.choice([name for name in ENTITY_KINDS if comparable_per_kind[name] >= 2]))
+    same_kind = [entity for entity in comparable if entity.kind == entity_kind]
     first, second = (same_kind[i] for i in rng.choice(len(same_kind), size=2, replace=False))
     label = ENTITY_KINDS[entity_kind][int(rng.integers(len(ENTITY_KINDS[entity_kind])))][0]
     larger, smaller = sorted((_fact(first, label), _fact(second, label)), key=lambda fact: -fact.value)

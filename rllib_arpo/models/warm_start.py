@@ -147,16 +147,18 @@ def fresh_demonstrations(
     *,
     questions_per_task: int = 256,
     num_entities: int = 256,
+    variant: str = "plain",
 ) -> list[Demonstration]:
     """``count`` demonstrations, each for a question drawn fresh, so no transcript repeats.
 
     The questions come from new tasks ``TIRTask(seed)`` with seeds drawn from ``rng`` in
     [2**32, 2**63) (so never a small task seed a run trains or evaluates on), ``questions_per_task``
-    train questions each over their own knowledge base of ``num_entities`` entities: new names and
-    numbers every time. The tools are the training-time ones for that task, BM25 search over its
-    corpus with the top 2 pages, and ``evaluate_arithmetic`` in place of the sandbox (the same
-    answers). Each demonstration's quality is drawn from ``quality_mix`` (weights, normalised);
-    questions the tools cannot answer (``demonstration`` raises) are skipped.
+    train questions each over their own knowledge base of ``num_entities`` entities, of the task
+    ``variant`` (``tir_task.TASK_VARIANTS``): new names and numbers every time. The tools are the
+    training-time ones for that task, BM25 search over its corpus with the top 2 pages, and
+    ``evaluate_arithmetic`` in place of the sandbox (the same answers). Each demonstration's
+    quality is drawn from ``quality_mix`` (weights, normalised); questions the tools cannot answer
+    (``demonstration`` raises) are skipped.
     """
     unknown = set(quality_mix) - set(DEMONSTRATION_QUALITIES)
     if unknown:
@@ -171,6 +173,7 @@ def fresh_demonstrations(
             num_train=questions_per_task,
             num_valid=0,
             num_test=0,
+            variant=variant,
         )
         search = SearchTool(backend="bm25", documents=task.corpus(), top_k=2)
         for example in task.split("train")[: count - len(pairs)]:
@@ -190,9 +193,10 @@ def sft_dataset(
     num_sequences: int,
     *,
     max_tool_result_tokens: int = MAX_TOOL_RESULT_TOKENS,
+    variant: str = "plain",
 ) -> list[SFTSequence]:
-    """``num_sequences`` ``fresh_demonstrations``, tokenised by ``encode_transcript``."""
-    pairs = fresh_demonstrations(num_sequences, rng, quality_mix)
+    """``num_sequences`` ``fresh_demonstrations`` of the task ``variant``, tokenised by ``encode_transcript``."""
+    pairs = fresh_demonstrations(num_sequences, rng, quality_mix, variant=variant)
     return [encode_demonstration(tokenizer, pair, max_tool_result_tokens) for pair in pairs]
 
 
@@ -267,6 +271,7 @@ def warm_start(
     quality_mix: Mapping[str, float] = DEFAULT_QUALITY_MIX,
     demonstrations: Sequence[Demonstration] = (),
     max_tool_result_tokens: int = MAX_TOOL_RESULT_TOKENS,
+    variant: str = "plain",
     seed: int = 0,
     num_threads: int | None = None,
     progress: bool = True,
@@ -275,8 +280,9 @@ def warm_start(
     (``copy_drill_sequences``), then ``steps`` steps on demonstrations, every sequence seen once;
     returns the loss of every step (drill steps first). The demonstrations are the given
     ``demonstrations`` (e.g. ``data.demonstrations.reference_set_demonstrations``) and as many
-    fresh embedded-task ones (``sft_dataset``) as fill ``steps * batch_size`` sequences, in random
-    order; tool results are cut to ``max_tool_result_tokens`` tokens.
+    fresh embedded-task ones of the task ``variant`` (``sft_dataset``) as fill
+    ``steps * batch_size`` sequences, in random order; tool results are cut to
+    ``max_tool_result_tokens`` tokens.
 
     Each phase is a plain AdamW run (weight decay 0.01) on a new batch of ``batch_size`` sequences
     a step, right-padded: the drill at a constant learning rate ``lr``, the demonstrations with
@@ -292,7 +298,9 @@ def warm_start(
     rng = np.random.default_rng(seed)
     drills = copy_drill_sequences(tokenizer, rng, copy_drill_steps * batch_size)
     fresh = steps * batch_size - len(demonstrations)
-    dataset = sft_dataset(tokenizer, rng, quality_mix, fresh, max_tool_result_tokens=max_tool_result_tokens)
+    dataset = sft_dataset(
+        tokenizer, rng, quality_mix, fresh, max_tool_result_tokens=max_tool_result_tokens, variant=variant
+    )
     if demonstrations:
         dataset += [encode_demonstration(tokenizer, pair, max_tool_result_tokens) for pair in demonstrations]
         dataset = [dataset[i] for i in rng.permutation(len(dataset))]
@@ -343,13 +351,14 @@ def cold_start(
     demonstrations: Sequence[Demonstration] = (),
     quality_mix: Mapping[str, float] = COLD_START_QUALITY_MIX,
     max_tool_result_tokens: int = MAX_TOOL_RESULT_TOKENS,
+    variant: str = "plain",
     seed: int = 0,
     progress: bool = True,
 ) -> list[float]:
     """The cold start of a real chat model: ``warm_start`` (no copy drill) of the
     ``save_pretrained`` model at ``model_path`` on ``demonstrations`` plus fresh embedded-task
-    ones, in float32, saved with its tokenizer into ``output_dir`` (a ``model_path`` for
-    training and evaluation). Returns the loss of every step."""
+    ones of the task ``variant``, in float32, saved with its tokenizer into ``output_dir`` (a
+    ``model_path`` for training and evaluation). Returns the loss of every step."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -363,6 +372,7 @@ def cold_start(
         quality_mix=quality_mix,
         demonstrations=demonstrations,
         max_tool_result_tokens=max_tool_result_tokens,
+        variant=variant,
         seed=seed,
         progress=progress,
     )

@@ -106,11 +106,11 @@ def test_fuzz_rollout_ends_without_exceptions(tiny_policy_cache):
 def test_entropy_after_tools_writes_its_summary_and_histogram(tiny_policy_cache, tmp_path):
     run_script(
         "entropy_after_tools.py", "--model-path", "tiny", "--questions", "2", "--samples", "2", "--forced",
-        "--max-response-tokens", "64", "--json", str(tmp_path / "dh.json"), "--plot", str(tmp_path / "dh.png"),
-        cache=tiny_policy_cache,
+        "--max-response-tokens", "64", "--variant", "namesakes", "--training-prompt", "--temperature", "0.7",
+        "--json", str(tmp_path / "dh.json"), "--plot", str(tmp_path / "dh.png"), cache=tiny_policy_cache,
     )  # fmt: skip
     own, forced = json.loads((tmp_path / "dh.json").read_text())
-    assert own["trajectories"] == 4 and forced["name"] == "tiny, forced reference calls"
+    assert own["trajectories"] == 4 and forced["name"] == "tiny, namesakes, forced reference calls"
     # each reference transcript makes its tool calls whatever the policy would do
     assert forced["tool_calls"] > 0 and (tmp_path / "dh.png").stat().st_size > 0
 

@@ -4,17 +4,24 @@ import numpy as np
 import pytest
 
 from rllib_arpo.core.rewards import extract_answer, validate_format
+from rllib_arpo.data.datasets import dataset_documents, load_dataset
 from rllib_arpo.data.tir_task import (
+    DEMONSTRATION_QUALITIES,
     QUESTION_KINDS,
     SPLIT_NAMES,
+    TASK_VARIANTS,
+    TRAP_KINDS,
     Entity,
     Fact,
     TIRExample,
     TIRTask,
+    Trap,
     demonstration,
     format_prompt,
     is_answerable,
+    reference_solution,
 )
+from rllib_arpo.models.warm_start import evaluate_arithmetic
 from rllib_arpo.tools.base import find_tool_call
 from rllib_arpo.tools.python_sandbox import PythonTool
 from rllib_arpo.tools.search import NO_RESULTS, SearchTool
@@ -197,3 +204,193 @@ def test_unanswerable_question_is_detected():
         demonstration(ZORVATH_TIMES_7, np.random.default_rng(0), **nothing_found)
     with pytest.raises(ValueError, match="unknown demonstration quality"):
         demonstration(ZORVATH_TIMES_7, np.random.default_rng(0), "sloppy", **ZORVATH_TOOLS)
+
+
+# --- the namesakes variant --------------------------------------------------------------------
+ZORVATH = Entity("Zorvath", "city", {"population": 48213, "founding year": 1412})
+RENAMED_PAGE = "Page 1: Zorvath is a city. It was renamed Quelmirden; its figures are listed under Quelmirden."
+QUELMIRDEN_PAGE = "Page 1: Quelmirden is a city. The population of Quelmirden is 48213."
+
+
+@pytest.fixture(scope="module")
+def namesakes() -> TIRTask:
+    return TIRTask(seed=0, variant="namesakes")
+
+
+@pytest.fixture(scope="module")
+def namesakes_tools(namesakes: TIRTask) -> dict:
+    return {"search": SearchTool(backend="bm25", documents=namesakes.corpus(), top_k=2), "python": evaluate_arithmetic}
+
+
+def single_lookups(task: TIRTask, trap_kind: str) -> list[TIRExample]:
+    """The questions of every split that look up one fact, of an entity with this kind of trap."""
+    return [e for e in all_examples(task) if len(e.facts) == 1 and task.trap_kind(e.facts[0].entity) == trap_kind]
+
+
+def test_plain_is_the_default_variant_and_unchanged():
+    default, plain = TIRTask(seed=0), TIRTask(seed=0, variant="plain")
+    assert plain.corpus() == default.corpus() and plain.traps == {} and plain.trap_kind("Zorvath") is None
+    assert all(plain.split(name) == default.split(name) for name in SPLIT_NAMES)
+    small = TIRTask(seed=0, **SMALL_SIZES)  # the draws of seed 0, as before the variants existed
+    assert small.corpus()[0] == (
+        "Saothden is a city. The population of Saothden is 308521. The founding year of Saothden is 848."
+    )
+    assert (small.split("train")[0].question, small.split("train")[0].answer) == (
+        "What is the number of bridges of Ganfenbra?",
+        "346",
+    )
+    with pytest.raises(
+        ValueError, match=re.escape("unknown task variant 'tricky'; choose from ('plain', 'namesakes')")
+    ):
+        TIRTask(seed=0, variant="tricky")
+    assert TASK_VARIANTS == ("plain", "namesakes")
+
+
+def test_trap_documents_are_exact():
+    namesake = Entity("Zorvoth", "city", {"population": 51234, "founding year": 1590})
+    assert Trap("near_namesake", ZORVATH, namesake).documents() == [
+        ZORVATH.document(),
+        "Zorvoth is a city, not to be confused with Zorvath. "
+        "The population of Zorvoth is 51234. The founding year of Zorvoth is 1590.",
+    ]
+    old_record = Entity("Zorvath", "city", {"population": 41234, "founding year": 1388})
+    assert Trap("outdated_figure", ZORVATH, old_record).documents() == [
+        "Zorvath is a city. An old record gave the population of Zorvath as 41234. The population of Zorvath is "
+        "48213. An old record gave the founding year of Zorvath as 1388. The founding year of Zorvath is 1412."
+    ]
+    renamed = Entity("Quelmirden", "city", ZORVATH.attributes)
+    assert Trap("renamed", ZORVATH, renamed).documents() == [
+        "Zorvath is a city. It was renamed Quelmirden; its figures are listed under Quelmirden.",
+        "Quelmirden is a city. The population of Quelmirden is 48213. The founding year of Quelmirden is 1412.",
+    ]
+    [outdated] = Trap("outdated_figure", ZORVATH, old_record).documents()
+    assert Fact("Zorvath", "population", 48213).read_from(outdated) == 48213  # never the old record's 41234
+
+
+def test_renamed_entity_is_found_by_a_second_search():
+    search_turn = (
+        f"<think> I need the population of Zorvath. </think> <search> population of Zorvath </search> "
+        f"<result>{RENAMED_PAGE}</result>"
+    )
+    second_turn = (
+        f"<think> I need the population of Quelmirden. </think> <search> population of Quelmirden </search> "
+        f"<result>{QUELMIRDEN_PAGE}</result>"
+    )
+    python_turn = "<think> I compute it with Python. </think> <python> 48213 * 7 </python> <result>337491</result>"
+    tools = dict(
+        search={"population of Zorvath": RENAMED_PAGE, "population of Quelmirden": QUELMIRDEN_PAGE}.__getitem__,
+        python={"48213 * 7": "337491"}.__getitem__,
+    )
+    perfect = demonstration(ZORVATH_TIMES_7, np.random.default_rng(0), "perfect", **tools)
+    assert perfect == f"{search_turn} {second_turn} {python_turn} <answer> \\boxed{{337491}} </answer>"
+    no_figures = dict(tools, search=lambda query: RENAMED_PAGE)  # the new name's page is not found
+    assert reference_solution(ZORVATH_TIMES_7, **no_figures).answer is None
+
+
+def test_namesakes_traps_share_the_entities_and_add_distinct_names(namesakes: TIRTask):
+    plain = TIRTask(seed=0)
+    assert namesakes.entities == plain.entities  # the traps are drawn apart: same entities and values
+    assert [trap.entity for trap in namesakes.traps.values()] == namesakes.entities
+    kinds = [trap.kind for trap in namesakes.traps.values()]
+    assert [kinds.count(kind) for kind in TRAP_KINDS] == [86, 85, 85]  # 256 entities, a third each
+    others = [trap.other for trap in namesakes.traps.values() if trap.kind != "outdated_figure"]
+    names = [entity.name for entity in namesakes.entities] + [other.name for other in others]
+    assert len(set(names)) == 256 + 86 + 85
+    for trap in namesakes.traps.values():
+        entity, other = trap.entity, trap.other
+        assert other.kind == entity.kind
+        if trap.kind == "near_namesake":
+            assert len(other.name) == len(entity.name)
+            assert sum(a != b for a, b in zip(entity.name, other.name)) == 1
+        if trap.kind == "renamed":
+            assert other.attributes == entity.attributes
+        else:
+            assert all(other.attributes[label] != value for label, value in entity.attributes.items())
+    corpus = namesakes.corpus()
+    assert len(corpus) == 256 + 86 + 85  # one document per entity, plus each distractor and new name
+    assert corpus == [document for trap in namesakes.traps.values() for document in trap.documents()]
+
+
+def test_namesakes_questions_are_answerable_in_at_most_three_calls(namesakes: TIRTask, namesakes_tools: dict):
+    for example in all_examples(namesakes):
+        solution = reference_solution(example, **namesakes_tools)
+        assert solution.answer == example.answer, example.question
+        assert len(solution.turns) <= 3
+    questions = [example.question for example in all_examples(namesakes)]
+    assert len(set(questions)) == 768 + 96 + 192  # the splits are disjoint
+    differences = [example for example in all_examples(namesakes) if len(example.facts) == 2]
+    assert differences and all(namesakes.trap_kind(fact.entity) != "renamed" for e in differences for fact in e.facts)
+    again = TIRTask(seed=0, variant="namesakes")
+    assert again.corpus() == namesakes.corpus()
+    assert all(again.split(name) == namesakes.split(name) for name in SPLIT_NAMES)
+
+
+def test_namesakes_traps_share_the_lookup_questions(namesakes: TIRTask):
+    counts = {kind: len(single_lookups(namesakes, kind)) for kind in TRAP_KINDS}
+    assert counts == {"near_namesake": 192, "outdated_figure": 175, "renamed": 175}
+    assert all(0.25 <= count / sum(counts.values()) <= 0.42 for count in counts.values())
+
+
+def test_renamed_question_needs_a_second_search(namesakes: TIRTask, namesakes_tools: dict):
+    renamed = single_lookups(namesakes, "renamed")
+    for example in renamed:
+        [fact] = example.facts
+        new_name = namesakes.traps[fact.entity].other.name
+        turns = reference_solution(example, **namesakes_tools).turns
+        assert [turn.call.name for turn in turns] == ["search", "search"] + ["python"] * bool(example.calculation)
+        assert [turn.call.query for turn in turns[:2]] == [fact.query, f"{fact.attribute} of {new_name}"]
+        assert str(fact.value) not in turns[0].result and new_name in turns[0].result
+        assert f"The {fact.attribute} of {new_name} is {fact.value}." in turns[1].result
+    for trap in namesakes.traps.values():  # the figures are under the new name alone: the old one misses them
+        if trap.kind == "renamed":
+            assert trap.documents()[1] == trap.other.document()
+            assert not re.search(rf"\b{trap.entity.name}\b", trap.documents()[1])
+    assert {example.kind for example in renamed} == {"search", "both"}
+
+
+def test_near_namesake_result_shows_both_names(namesakes: TIRTask, namesakes_tools: dict):
+    for example in single_lookups(namesakes, "near_namesake"):
+        [fact] = example.facts
+        distractor = namesakes.traps[fact.entity].other
+        [turn, *_] = reference_solution(example, **namesakes_tools).turns
+        assert distractor.name in turn.result
+        other_value = distractor.attributes[fact.attribute]
+        assert f"The {fact.attribute} of {distractor.name} is {other_value}." in turn.result
+        assert other_value != fact.value and fact.read_from(turn.result) == fact.value
+
+
+def test_outdated_figure_is_stated_before_the_current_one(namesakes: TIRTask, namesakes_tools: dict):
+    for example in single_lookups(namesakes, "outdated_figure"):
+        [fact] = example.facts
+        [turn, *_] = reference_solution(example, **namesakes_tools).turns
+        stated = re.findall(rf"{fact.attribute} of {fact.entity} (?:as|is) (\d+)\.", turn.result)
+        old_value = namesakes.traps[fact.entity].other.attributes[fact.attribute]
+        assert [int(value) for value in stated] == [old_value, fact.value] and old_value != fact.value
+        assert fact.read_from(turn.result) == fact.value
+
+
+def test_namesakes_dataset_brings_its_corpus(namesakes: TIRTask):
+    spec = {"type": "tir_task", "seed": 0, "split": "test", "variant": "namesakes"}
+    examples = load_dataset(spec)
+    assert [example.ground_truth for example in examples] == [example.answer for example in namesakes.split("test")]
+    assert [example.plain_prompt for example in examples] == [format_prompt(e) for e in namesakes.split("test")]
+    assert dataset_documents(spec) == namesakes.corpus()
+    assert dataset_documents({"type": "tir_task", "seed": 0, "split": "test"}) == TIRTask(seed=0).corpus()
+
+
+def test_every_demonstration_quality_on_a_renamed_question(namesakes: TIRTask, namesakes_tools: dict):
+    example = next(e for e in single_lookups(namesakes, "renamed") if e.calculation)
+    rng = np.random.default_rng(0)
+    transcripts = {
+        quality: demonstration(example, rng, quality, **namesakes_tools) for quality in DEMONSTRATION_QUALITIES
+    }
+    assert extract_answer(transcripts["perfect"]) == example.answer
+    assert [transcripts[q].count("<search>") for q in DEMONSTRATION_QUALITIES] == [2, 2, 1, 2]
+    assert transcripts["skipped_tool"].count("<python>") == 0
+    assert extract_answer(transcripts["skipped_tool"]) != example.answer
+    assert extract_answer(transcripts["arithmetic_slip"]) != example.answer
+    assert (
+        transcripts["perfect"].startswith(transcripts["stopped_early"])
+        and "<answer>" not in transcripts["stopped_early"]
+    )
+    assert all(validate_format(transcripts[q]).ok for q in DEMONSTRATION_QUALITIES if q != "stopped_early")

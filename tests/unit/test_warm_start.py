@@ -116,6 +116,21 @@ def test_fresh_demonstrations_never_repeat_a_knowledge_base():
         fresh_demonstrations(1, np.random.default_rng(0), {"sloppy": 1.0})
 
 
+def test_fresh_demonstrations_of_the_namesakes_variant_search_again_after_a_renaming():
+    pairs = fresh_demonstrations(
+        24, np.random.default_rng(0), PERFECT_ONLY, questions_per_task=3, num_entities=8, variant="namesakes"
+    )
+    assert len(pairs) == 24
+    renamed = []
+    for _, transcript in pairs:
+        searches = re.findall(r"<search> (.+?) of (\w+) </search>", transcript)
+        renaming = searches and re.search(rf"{searches[0][1]} is a \w+\. It was renamed (\w+);", transcript)
+        if renaming:  # the second search asks for the same attribute under the new name
+            assert searches == [searches[0], (searches[0][0], renaming.group(1))]
+            renamed.append(transcript)
+    assert renamed
+
+
 def test_sft_dataset_masks_results(tokenizer):
     perfect = sft_dataset(tokenizer, np.random.default_rng(0), PERFECT_ONLY, 6)
     pairs = fresh_demonstrations(6, np.random.default_rng(0), PERFECT_ONLY)  # the same draws
