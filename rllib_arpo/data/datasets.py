@@ -5,6 +5,8 @@ batches of one EnvRunner's shard, epoch after epoch. The dataset is chosen by a 
 config (``ARPOConfig.dataset``):
 
 - ``{"type": "tir_task", "seed": 0, "split": "train"}``: the embedded task (``data.tir_task``);
+  ``"variant": "namesakes"`` for its variant whose search results leave the next step open
+  (near-namesakes, outdated figures, renamed entities), with its own knowledge base and splits;
 - ``{"type": "parquet", "path": ".../train_10k.parquet"}``: verl's RL format (``prompt`` chat
   messages, ``ability``, ``reward_model.ground_truth``), read as it is: the system prompt is kept
   byte for byte, including the reference data's mangled ``\\boxed``;
