@@ -240,12 +240,12 @@ def main() -> None:
         return tools.run([ToolCall("python", code)])[0].text
 
     engine = HFEngine.from_pretrained(resolve_model_path(args.model_path))
-    example = task.split("valid")[2]  # a "both" question: a search, then Python
-    example_transcript = demonstration(example, np.random.default_rng(0), search=search, python=python)
     questions = task.split("train")[: args.questions]
     if args.training_prompt:
         prompts = [encode_prompt(engine.tokenizer, tir_task_example(q)) for q in questions]
     else:
+        example = task.split("valid")[2]  # a "both" question: a search, then Python
+        example_transcript = demonstration(example, np.random.default_rng(0), search=search, python=python)
         prompts = [
             encode_question(engine.tokenizer, q.question, example.question, example_transcript) for q in questions
         ]

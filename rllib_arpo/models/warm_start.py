@@ -52,7 +52,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rllib_arpo.data.datasets import PromptExample, tir_task_example
 from rllib_arpo.data.prompts import encode_prompt
-from rllib_arpo.data.tir_task import DEMONSTRATION_QUALITIES, TIRTask, demonstration
+from rllib_arpo.data.tir_task import DEMONSTRATION_QUALITIES, TaskVariant, TIRTask, demonstration
 from rllib_arpo.tools.base import RESULT_CLOSE, RESULT_OPEN, encode_tool_result
 from rllib_arpo.tools.search import SearchTool
 
@@ -147,7 +147,7 @@ def fresh_demonstrations(
     *,
     questions_per_task: int = 256,
     num_entities: int = 256,
-    variant: str = "plain",
+    variant: TaskVariant = "plain",
 ) -> list[Demonstration]:
     """``count`` demonstrations, each for a question drawn fresh, so no transcript repeats.
 
@@ -193,7 +193,7 @@ def sft_dataset(
     num_sequences: int,
     *,
     max_tool_result_tokens: int = MAX_TOOL_RESULT_TOKENS,
-    variant: str = "plain",
+    variant: TaskVariant = "plain",
 ) -> list[SFTSequence]:
     """``num_sequences`` ``fresh_demonstrations`` of the task ``variant``, tokenised by ``encode_transcript``."""
     pairs = fresh_demonstrations(num_sequences, rng, quality_mix, variant=variant)
@@ -271,7 +271,7 @@ def warm_start(
     quality_mix: Mapping[str, float] = DEFAULT_QUALITY_MIX,
     demonstrations: Sequence[Demonstration] = (),
     max_tool_result_tokens: int = MAX_TOOL_RESULT_TOKENS,
-    variant: str = "plain",
+    variant: TaskVariant = "plain",
     seed: int = 0,
     num_threads: int | None = None,
     progress: bool = True,
@@ -351,7 +351,7 @@ def cold_start(
     demonstrations: Sequence[Demonstration] = (),
     quality_mix: Mapping[str, float] = COLD_START_QUALITY_MIX,
     max_tool_result_tokens: int = MAX_TOOL_RESULT_TOKENS,
-    variant: str = "plain",
+    variant: TaskVariant = "plain",
     seed: int = 0,
     progress: bool = True,
 ) -> list[float]:
