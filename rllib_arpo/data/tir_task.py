@@ -52,7 +52,6 @@ seed.
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -260,7 +259,7 @@ class TIRTask:
         rng = np.random.default_rng(seed)
         self.entities = _generate_entities(rng, num_entities)
         self.traps = _draw_traps(np.random.default_rng([seed, 1]), self.entities) if variant == "namesakes" else {}
-        comparable = [entity for entity in self.entities if self.trap_kind(entity.name) != "renamed"]
+        comparable = _comparable_by_kind([e for e in self.entities if self.trap_kind(e.name) != "renamed"])
         seen_questions: set[str] = set()
         self._splits: dict[str, list[TIRExample]] = {}
         for name, size in zip(SPLIT_NAMES, (num_train, num_valid, num_test)):
@@ -461,7 +460,7 @@ def _draw_new_question(
     kind: QuestionKind,
     rng: np.random.Generator,
     entities: list[Entity],
-    comparable: list[Entity],
+    comparable: dict[str, list[Entity]],
     seen: set[str],
     max_tries: int = 1000,
 ) -> TIRExample:
@@ -474,10 +473,17 @@ def _draw_new_question(
     raise ValueError(f"ran out of distinct {kind!r} questions: use more entities or fewer questions")
 
 
+def _comparable_by_kind(entities: list[Entity]) -> dict[str, list[Entity]]:
+    """The entities a difference question may compare, by entity kind (in ``ENTITY_KINDS`` order),
+    for the kinds that have two or more."""
+    by_kind = {kind: [entity for entity in entities if entity.kind == kind] for kind in ENTITY_KINDS}
+    return {kind: same_kind for kind, same_kind in by_kind.items() if len(same_kind) >= 2}
+
+
 def _draw_question(
-    kind: QuestionKind, rng: np.random.Generator, entities: list[Entity], comparable: list[Entity]
+    kind: QuestionKind, rng: np.random.Generator, entities: list[Entity], comparable: dict[str, list[Entity]]
 ) -> TIRExample:
-    """A question of ``kind`` about ``entities``; a difference compares two ``comparable`` ones."""
+    """A question of ``kind`` about ``entities``; a difference compares two ``comparable`` ones of one kind."""
     if kind == "search":
         fact = _random_fact(rng, entities)
         question = f"What is the {fact.attribute} of {fact.entity}?"
@@ -493,9 +499,8 @@ def _draw_question(
         factor = int(rng.integers(3, 30))
         question = f"What is the {fact.attribute} of {fact.entity} multiplied by {factor}?"
         return TIRExample(question, str(fact.value * factor), kind, NEEDED_TOOLS[kind], (fact,), f"{{0}} * {factor}")
-    comparable_per_kind = Counter(entity.kind for entity in comparable)
-    entity_kind = str(rng.choice([name for name in ENTITY_KINDS if comparable_per_kind[name] >= 2]))
-    same_kind = [entity for entity in comparable if entity.kind == entity_kind]
+    entity_kind = str(rng.choice(list(comparable)))
+    same_kind = comparable[entity_kind]
     first, second = (same_kind[i] for i in rng.choice(len(same_kind), size=2, replace=False))
     label = ENTITY_KINDS[entity_kind][int(rng.integers(len(ENTITY_KINDS[entity_kind])))][0]
     larger, smaller = sorted((_fact(first, label), _fact(second, label)), key=lambda fact: -fact.value)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from ray.rllib.core.rl_module.torch import TorchRLModule
 
+from rllib_arpo.config_fields import DTYPE_NAMES
 from rllib_arpo.core.entropy import entropy_from_logits
 from rllib_arpo.learner.checkpoint import WEIGHTS_FILE, load_weights, save_weights
 from rllib_arpo.learner.logprobs import chunked_token_logprobs
@@ -31,7 +32,7 @@ PACKED = "packed"
 """Batch key of a packed micro-batch's layout (``learner.packing.PackedMicroBatch``): with it the
 module computes the log-probs of the packed rows (``packed_forward.packed_logprobs``)."""
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # the config's `dtype` names, as torch dtypes
 MODEL_CONFIG_KEYS = (
     "model_path",
     "dtype",

@@ -23,8 +23,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-DTYPES_BY_NAME = {name: dtype for dtype, name in DTYPE_NAMES.items()}  # a layout's dtype names, as torch dtypes
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """A layout's name of a torch dtype (``torch.bfloat16`` -> ``"bfloat16"``); ``getattr(torch, name)`` inverts it."""
+    return str(dtype).removeprefix("torch.")
 
 
 @dataclass(frozen=True)
@@ -39,22 +41,21 @@ class WeightLayout:
         layer is its embedding: receiving into one fills both), in ``dtype`` if given."""
         return cls(
             tuple(
-                (name, tuple(param.shape), DTYPE_NAMES[dtype or param.dtype])
+                (name, tuple(param.shape), dtype_name(dtype or param.dtype))
                 for name, param in sorted(model.named_parameters())
             )
         )
 
     @property
     def num_bytes(self) -> int:
-        sizes = {"float32": 4, "bfloat16": 2, "float16": 2}
-        return sum(sizes[dtype] * int(torch.Size(shape).numel()) for _, shape, dtype in self.tensors)
+        return sum(getattr(torch, dtype).itemsize * int(torch.Size(shape).numel()) for _, shape, dtype in self.tensors)
 
     def check_source(self, weights: dict[str, torch.Tensor]) -> None:
         """The learner's weights must hold every tensor of the layout, with its shape and dtype."""
         for name, shape, dtype in self.tensors:
             tensor = weights.get(name)
-            if tensor is None or tuple(tensor.shape) != shape or DTYPE_NAMES[tensor.dtype] != dtype:
-                found = None if tensor is None else (tuple(tensor.shape), DTYPE_NAMES[tensor.dtype])
+            if tensor is None or tuple(tensor.shape) != shape or dtype_name(tensor.dtype) != dtype:
+                found = None if tensor is None else (tuple(tensor.shape), dtype_name(tensor.dtype))
                 expected = f"{name} {shape} {dtype}"
                 raise ValueError(f"weight broadcast: the engines expect {expected}, the learner has {found}")
 

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 import torch
 
-from rllib_arpo.learner.weight_broadcast import DTYPES_BY_NAME, WeightBroadcastGroup, WeightLayout
+from rllib_arpo.learner.weight_broadcast import WeightBroadcastGroup, WeightLayout
 
 
 class WeightReceiver:
@@ -60,7 +60,7 @@ class WeightReceiver:
     def _received_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Each tensor of the layout, in order, as it arrives from rank 0, under each of its names."""
         for name, shape, dtype in self._weight_layout.tensors:
-            tensor = torch.empty(shape, dtype=DTYPES_BY_NAME[dtype], device=self.device)
+            tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
             self._weight_group.broadcast(tensor)
             for alias in self._weight_names[name]:
                 yield alias, tensor
