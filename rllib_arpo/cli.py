@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -349,10 +350,21 @@ def check_gpu(args: argparse.Namespace) -> int:
     return run_checks([GPU_CHECK_PIECES[name] for name in args.only or GPU_CHECK_PIECES], args.model, args.json)
 
 
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM (``kill``, a scheduler's timeout) into ``SystemExit(143)``, so that ``finally``
+    blocks run: ``rllib evaluate`` then shuts vLLM's engine process down instead of leaving it behind."""
+
+    def raise_system_exit(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, raise_system_exit)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "evaluate":
+            exit_on_sigterm()
             return evaluate(args)
         if args.command == "cold-start":
             return cold_start(args)

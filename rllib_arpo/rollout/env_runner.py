@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,6 +106,24 @@ def next_prompts(stream: PromptStream, tokenizer, count: int, max_tokens: int | 
     return examples, prompts, skipped
 
 
+def per_source_metrics(
+    sources: Sequence[str], scores: Sequence[Sequence], tool_calls: Sequence[Counter], tool_names: Sequence[str]
+) -> dict[str, float]:
+    """Where a batch mixes sources (the embedded task's question kinds, a parquet's
+    ``data_source``): ``accuracy/<source>`` and ``tool_calls_per_trajectory/<tool>/<source>``.
+    ``sources[i]``, ``scores[i]`` and ``tool_calls[i]`` are prompt i's source, the scores of its
+    trajectories and their tool calls summed; the ``tir_task/`` prefix is dropped."""
+    metrics = {}
+    for source in sorted(set(sources)) if len(set(sources)) > 1 else ():
+        of_source = [i for i, name in enumerate(sources) if name == source]
+        name = source.removeprefix("tir_task/")
+        metrics[f"accuracy/{name}"] = accuracy([score for i in of_source for score in scores[i]])
+        calls = sum((tool_calls[i] for i in of_source), Counter())
+        trajectories = sum(len(scores[i]) for i in of_source)
+        metrics.update({f"tool_calls_per_trajectory/{tool}/{name}": calls[tool] / trajectories for tool in tool_names})
+    return metrics
+
+
 class ARPOEnvRunner(EnvRunner, Checkpointable):
     def __init__(self, *, config, **kwargs):
         super().__init__(config=config, **kwargs)
@@ -158,22 +177,23 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         scores = score_trees(trees, examples, self.tokenizer, self.reward_settings, tuple(self.tools.tools))
         rewards = training_rewards(trees, scores, self.reward_settings, cfg.max_response_tokens)
         token_kl = [self.reference.token_kl(tree) for tree in trees] if self.reference else None
-        self._log_rollout_metrics(trees, scores, rewards, stats, time.perf_counter() - start)
+        self._log_rollout_metrics(examples, trees, scores, rewards, stats, time.perf_counter() - start)
         correctness = [np.array([score.correctness for score in tree_scores]) for tree_scores in scores]
         version, pad = self.engine.weights_version, self.tokenizer.pad_token_id
         return RolloutBatch(trees, rewards, correctness, version, pad, self.worker_index or 0, self.position, token_kl)
 
-    def _log_rollout_metrics(self, trees, scores, trained_rewards, stats, seconds: float) -> None:
+    def _log_rollout_metrics(self, examples, trees, scores, trained_rewards, stats, seconds: float) -> None:
         """One value per metric and ``sample()`` call (window 1: the latest iteration).
         ``reward_mean`` is the hierarchical reward; ``trained_reward_mean`` the reward RL trains on
-        (with DAPO's overlong shaping, where it is on)."""
+        (with DAPO's overlong shaping, where it is on); ``per_source_metrics`` splits a mixed batch."""
         flat = [score for tree_scores in scores for score in tree_scores]
         rewards = np.array([score.reward for score in flat])
-        tool_calls, response_tokens = Counter(), []
-        for tree in trees:
+        tree_tool_calls, response_tokens = [Counter() for _ in trees], []
+        for tree, calls in zip(trees, tree_tool_calls):
             for i in range(tree.num_trajectories):
-                tool_calls.update(tree.tool_calls(i))
+                calls.update(tree.tool_calls(i))
                 response_tokens.append(len(tree.trajectory_response_ids(i)))
+        tool_calls = sum(tree_tool_calls, Counter())
         trajectories = len(flat)
         generated = sum(t.num_generated_tokens() for t in trees)
         values = {
@@ -196,6 +216,9 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
             "weights_version": self.engine.weights_version,
         }
         values.update({f"tool_calls_per_trajectory/{n}": tool_calls[n] / trajectories for n in self.tools.tools})
+        values.update(
+            per_source_metrics([e.source for e in examples], scores, tree_tool_calls, tuple(self.tools.tools))
+        )
         values.update({f"finish_reason/{r}": c / trajectories for r, c in stats.finish_reasons.items()})
         values.update(self.tools.pop_metrics())
         for key, value in values.items():
