@@ -13,6 +13,9 @@ with ``dry_run_section("title")``:
   the learner layout and rows of the longest sequence: the prompt budget (``max_prompt_tokens``,
   else the longest of the first ``PROMPTS_MEASURED`` training prompts) plus
   ``max_response_tokens``;
+- ``response budget``: on the embedded task, how many tokens each question kind's reference
+  solution takes (``models.warm_start.reference_response_tokens``) against ``max_response_tokens``,
+  with a warning where the budget cuts some: the policy is then punished for the reference path;
 - ``prompts``: the first training prompts (and the first held-out one) exactly as the model
   reads them, special tokens included, decoded from the token ids it is given; control
   characters other than newlines and tabs are shown as ``\\xNN`` (the reference prompt's
@@ -167,6 +170,52 @@ def _longest_prompt(config: Any, tokenizer, count: int) -> int:
     from rllib_arpo.data.prompts import encode_prompt
 
     return max(len(encode_prompt(tokenizer, example)) for example in load_dataset(config.dataset)[:count])
+
+
+@dry_run_section("response budget")
+def response_budget_section(planned: PlannedExperiment) -> str:
+    import numpy as np
+
+    from rllib_arpo.data.tir_task import TIRTask
+    from rllib_arpo.models.warm_start import reference_response_tokens
+
+    config = planned.config
+    spec = dict(config.dataset)
+    if spec.get("type") != "tir_task":
+        return "reference solutions are known for the embedded task only (dataset type tir_task)"
+    tokenizer = model_tokenizer(config)
+    if tokenizer is None:
+        return f"skipped: {NO_TOKENIZER}"
+    task = TIRTask(**{key: value for key, value in spec.items() if key not in ("type", "split", "system_prompt")})
+    lengths = reference_response_tokens(
+        tokenizer,
+        task,
+        spec.get("split", "train"),
+        limit=PROMPTS_MEASURED,
+        top_k=(config.tools.get("search") or {}).get("top_k", 2),
+        max_tool_result_tokens=config.max_tool_result_tokens,
+    )
+    budget = config.max_response_tokens
+    lines = [
+        f"reference solutions of the first {PROMPTS_MEASURED} {spec.get('split', 'train')} questions, in tokens "
+        "(tool results included, as max_response_tokens counts them):"
+    ]
+    for kind, of_kind in lengths.items():
+        over = sum(n > budget for n in of_kind)
+        lines.append(
+            f"  {kind}: {len(of_kind)} questions, mean {np.mean(of_kind):.0f}, max {max(of_kind)}"
+            + (f", {over} over max_response_tokens {budget}" if over else "")
+        )
+    every = [n for of_kind in lengths.values() for n in of_kind]
+    over = sum(n > budget for n in every)
+    if over:
+        lines.append(
+            f"warning: max_response_tokens {budget} cuts the reference solution of {over} of {len(every)} questions "
+            f"(a cut response breaks the format and scores format_penalty); {max(every)} holds them all"
+        )
+    else:
+        lines.append(f"every reference solution fits in max_response_tokens {budget}")
+    return "\n".join(lines)
 
 
 @dry_run_section("prompts")
