@@ -176,7 +176,7 @@ def _longest_prompt(config: Any, tokenizer, count: int) -> int:
 def response_budget_section(planned: PlannedExperiment) -> str:
     import numpy as np
 
-    from rllib_arpo.data.tir_task import TIRTask
+    from rllib_arpo.data.datasets import tir_task_of_spec
     from rllib_arpo.models.warm_start import reference_response_tokens
 
     config = planned.config
@@ -186,10 +186,9 @@ def response_budget_section(planned: PlannedExperiment) -> str:
     tokenizer = model_tokenizer(config)
     if tokenizer is None:
         return f"skipped: {NO_TOKENIZER}"
-    task = TIRTask(**{key: value for key, value in spec.items() if key not in ("type", "split", "system_prompt")})
     lengths = reference_response_tokens(
         tokenizer,
-        task,
+        tir_task_of_spec(spec),
         spec.get("split", "train"),
         limit=PROMPTS_MEASURED,
         top_k=(config.tools.get("search") or {}).get("top_k", 2),

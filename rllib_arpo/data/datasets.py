@@ -110,12 +110,16 @@ def load_dataset(spec: Mapping[str, Any]) -> list[PromptExample]:
     return examples
 
 
-def _tir_task_corpus(spec: Mapping[str, Any]) -> list[str]:
-    """The TIR task's knowledge base, for the task options of ``spec``."""
+def tir_task_of_spec(spec: Mapping[str, Any]):
+    """The ``tir_task.TIRTask`` of a ``{"type": "tir_task", ...}`` dataset spec (its task options)."""
     from rllib_arpo.data.tir_task import TIRTask
 
-    options = {k: v for k, v in spec.items() if k not in ("type", "split", "system_prompt")}
-    return TIRTask(**options).corpus()
+    return TIRTask(**{k: v for k, v in spec.items() if k not in ("type", "split", "system_prompt")})
+
+
+def _tir_task_corpus(spec: Mapping[str, Any]) -> list[str]:
+    """The TIR task's knowledge base, for the task options of ``spec``."""
+    return tir_task_of_spec(spec).corpus()
 
 
 @DATASET_LOADERS.register("tir_task", held_out_split="test", documents=_tir_task_corpus)
