@@ -197,6 +197,7 @@ def test_a_dry_run_needs_only_the_models_config_json(tmp_path, capsys):
     out = capsys.readouterr().out
     skipped = "model_path holds no tokenizer (a config.json alone checks everything else)"
     assert f"rows of 512 tokens (0, prompts not measured: {skipped}, + 512, max_response_tokens):" in out
+    assert f"== response budget ==\nskipped: {skipped}\n" in out
     assert out.endswith(f"== prompts ==\nskipped: {skipped}\n")
 
 
