@@ -241,7 +241,9 @@ def test_every_grid_value_is_checked_once():
 def test_a_dry_run_section_is_one_decorated_function(monkeypatch):
     from rllib_arpo import dry_run
 
-    assert [title for title, _ in dry_run.DRY_RUN_SECTIONS] == ["experiment", "resources", "learner memory", "prompts"]
+    assert [title for title, _ in dry_run.DRY_RUN_SECTIONS] == [
+        "experiment", "resources", "learner memory", "response budget", "prompts",
+    ]  # fmt: skip
     monkeypatch.setattr(dry_run, "DRY_RUN_SECTIONS", [])
 
     @dry_run.dry_run_section("learner memory estimate")
