@@ -14,8 +14,10 @@ DDP and the optimizer act:
 
 Processes: the learners' process group (RLlib's, gloo on CPU, NCCL on GPU) is DeepSpeed's too; a
 local learner (``num_learners: 0``) gets a one-process group. On a machine without a GPU,
-``DS_ACCELERATOR=cpu`` is set before DeepSpeed is imported; its first use there compiles a small
-shared-memory communication op (about a minute, cached under ``~/.cache/torch_extensions``).
+``DS_ACCELERATOR=cpu`` is set before DeepSpeed is imported, and DeepSpeed's shared-memory
+communication op is marked unavailable: it serves inference all-reduces only, and its just-in-time
+build cost about a minute per machine, and hung every later start on a build lock that a killed
+build had left behind.
 """
 
 from __future__ import annotations
@@ -72,7 +74,8 @@ def _merged(base: dict, overrides: dict) -> dict:
 
 
 def import_deepspeed():
-    """``import deepspeed`` with its accelerator picked first (CPU where there is no GPU)."""
+    """``import deepspeed`` with its accelerator picked first (CPU where there is no GPU), without
+    its CPU shared-memory op (see the module docstring)."""
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
     try:
         import deepspeed
@@ -80,6 +83,9 @@ def import_deepspeed():
         raise ImportError(
             "learner_backend: deepspeed needs the deepspeed package: pip install -e '.[deepspeed]'"
         ) from error
+    if os.environ["DS_ACCELERATOR"] == "cpu":
+        shared_memory_op = deepspeed.accelerator.get_accelerator().get_op_builder("ShareMemCommBuilder")
+        deepspeed.ops.__compatible_ops__[shared_memory_op.NAME] = False  # DeepSpeed keeps this dict
     return deepspeed
 
 

@@ -3,7 +3,7 @@
 import pytest
 
 from rllib_arpo.algorithm import ARPOConfig
-from rllib_arpo.learner.deepspeed_learner import ARPODeepSpeedLearner, deepspeed_config
+from rllib_arpo.learner.deepspeed_learner import ARPODeepSpeedLearner, deepspeed_config, import_deepspeed
 
 
 def config() -> ARPOConfig:
@@ -71,3 +71,13 @@ def test_learner_fields_are_validated(fields, message):
         setattr(bad, key, value)
     with pytest.raises(ValueError, match="ARPOConfig: " + message):
         bad._validate_arpo()
+
+
+def test_on_cpu_the_shared_memory_op_is_never_built(monkeypatch):
+    # its just-in-time build took a minute per machine and hung on a build lock a killed build left
+    pytest.importorskip("deepspeed")
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    import_deepspeed()
+    from deepspeed.comm.torch import build_shm_op
+
+    assert build_shm_op() is None
