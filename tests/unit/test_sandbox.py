@@ -200,8 +200,9 @@ def _kill_uid(uid: int) -> None:
 def test_fork_bomb_is_contained(tool):
     text = run(tool, "import os\nwhile True: os.fork()")
     # every forked copy that hits the limit prints its own traceback, so the copies' stderr lines
-    # interleave and any of them may come last: the limit's error is in the output, the call returned
-    assert "BlockingIOError: [Errno 11] Resource temporarily unavailable" in text
+    # interleave and the output may end inside one of them ("BlockingIOError:" without its
+    # message, seen in CI): the limit's error is in the output, the call returned
+    assert "BlockingIOError" in text
 
 
 def _processes_with_argument(argument: str) -> list[int]:
