@@ -74,7 +74,7 @@ def test_learner_fields_are_validated(fields, message):
 
 
 def test_on_cpu_the_shared_memory_op_is_never_built(monkeypatch):
-    # its just-in-time build took a minute per machine and hung on a build lock a killed build left
+    # building it slowed every learner start, and a lock a killed build left hung every later one
     pytest.importorskip("deepspeed")
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     import_deepspeed()
