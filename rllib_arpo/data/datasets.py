@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from rllib_arpo.core.registry import Registry
-from rllib_arpo.core.rewards import extract_gsm8k_reference
+from rllib_arpo.core.rewards import Task, extract_gsm8k_reference
 from rllib_arpo.data.prompts import TIR_SYSTEM_PROMPT, tir_messages
 
 logger = logging.getLogger(__name__)
@@ -147,6 +148,8 @@ class BadRow(ValueError):
 def _keep_rows(path: str, rows, make: Callable[[Any], PromptExample], skip_bad_rows: bool, limit: int | None):
     """``make(row)`` for each (row number, row) of ``rows`` until ``limit`` examples. A ``BadRow``
     raises with ``path:row:`` in front, or with ``skip_bad_rows`` is skipped, counted and logged."""
+    if limit is not None and (not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be a whole number >= 1 (or absent: every row), got {limit!r}")
     examples, skipped = [], []
     for number, row in rows:
         try:
@@ -224,6 +227,8 @@ def _load_jsonl(
     limit: int | None = None,
     skip_bad_rows: bool = False,
 ) -> list[PromptExample]:
+    if task is not None and task not in typing.get_args(Task):
+        raise ValueError(f"task must be one of {typing.get_args(Task)}, got {task!r}")
     task = task or BENCHMARK_TASKS.get(Path(path).stem, "qa")
 
     def make(line: str) -> PromptExample:

@@ -254,6 +254,9 @@ class TIRTask:
             raise ValueError(f"num_entities must be at least {2 * len(ENTITY_KINDS)}, got {num_entities}")
         if variant not in TASK_VARIANTS:
             raise ValueError(f"unknown task variant {variant!r}; choose from {TASK_VARIANTS}")
+        for key, size in (("num_train", num_train), ("num_valid", num_valid), ("num_test", num_test)):
+            if not isinstance(size, int) or size < 0:
+                raise ValueError(f"{key} must be a whole number >= 0, got {size!r}")
         self.seed = seed
         self.variant = variant
         rng = np.random.default_rng(seed)
@@ -283,7 +286,7 @@ class TIRTask:
     def split(self, name: SplitName) -> list[TIRExample]:
         """The questions of split ``name`` (``"train"``, ``"valid"`` or ``"test"``)."""
         if name not in self._splits:
-            raise KeyError(f"unknown split {name!r}; the splits are {SPLIT_NAMES}")
+            raise ValueError(f"unknown split {name!r}; the splits are {SPLIT_NAMES}")
         return list(self._splits[name])
 
 

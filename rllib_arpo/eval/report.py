@@ -1,7 +1,7 @@
 """The end-of-training report of a trial: a short table and a PNG plot, from Tune's result.json.
 
 ``result.json`` holds one JSON object per training iteration. Held-out evaluations appear under
-``evaluation/`` in the iterations where they ran (``ARPOConfig.evaluation_interval``).
+``evaluation/`` in the iterations where they ran (``ARPOConfig.held_out_interval``).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def evaluation_table(results: list[dict]) -> str:
     """First vs last held-out evaluation, one metric a line."""
     points = evaluations(results)
     if not points:
-        return "no held-out evaluation was run (set evaluation_interval > 0)"
+        return "no held-out evaluation was run (set held_out_interval > 0)"
     (first_it, first), (last_it, last) = points[0], points[-1]
     header = f"{'held-out split':<26}{'iteration ' + str(first_it):>14}{'iteration ' + str(last_it):>14}"
     lines = [header, "-" * len(header)]

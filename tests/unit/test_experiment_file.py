@@ -44,6 +44,19 @@ def write(directory: Path, text: str, name: str = "experiment.yaml") -> str:
         ({"num_env_runners": -1}, "num_env_runners must be >= 0, got -1"),
         ({"engine": "sglang"}, "engine: unknown generation engine 'sglang'"),
         ({"dataset": {"type": "parquet", "path": "/no/such.parquet"}}, "dataset: dataset file /no/such.parquet"),
+        ({"dataset": {"type": "tir_task", "split": "validation"}}, "dataset: unknown split 'validation'; the splits"),
+        (
+            {"held_out_interval": 1, "held_out_dataset": {"type": "tir_task", "split": "validation"}},
+            "held_out_dataset: unknown split 'validation'; the splits are ('train', 'valid', 'test')",
+        ),
+        ({"dataset": {"type": "tir_task", "variant": "twins"}}, "dataset: unknown task variant 'twins'; choose from"),
+        ({"dataset": {"type": "tir_task", "num_test": -3}}, "dataset: num_test must be a whole number >= 0, got -3"),
+        ({"dataset": {"type": "tir_task", "columns": ["q"]}}, "dataset: bad options for dataset type 'tir_task': "),
+        (
+            {"dataset": {"type": "jsonl", "path": "q.jsonl", "task": "code"}},
+            "dataset: task must be one of ('qa', 'math')",
+        ),
+        ({"dataset": {"type": "jsonl", "path": "q.jsonl", "limit": 0}}, "dataset: limit must be a whole number >= 1"),
         ({"tools": {"python": {"timeout_s": "5"}}}, "tools.python.timeout_s: expected a number, got '5'"),
         ({"tools": {"calculator": {}}}, "tools.calculator: unknown tool 'calculator'"),
         ({"tools": {"search": {"top_k": 2, "colour": "red"}}}, "tools.search: got an unexpected keyword argument"),
@@ -61,8 +74,12 @@ def write(directory: Path, text: str, name: str = "experiment.yaml") -> str:
         ),
     ],
 )
-def test_each_config_error_is_one_line_naming_the_key(tmp_path, capsys, override, message):
+def test_each_config_error_is_one_line_naming_the_key(tmp_path, capsys, monkeypatch, override, message):
     path = write(tmp_path, TINY)
+    write(
+        tmp_path, '{"question": "2 + 2?", "answer": "4"}\n', "q.jsonl"
+    )  # an override's paths: from the launch directory
+    monkeypatch.chdir(tmp_path)
     code = main(["train", "file", path, "--config", json.dumps(override)])
     err = capsys.readouterr().err
     assert code == 2

@@ -26,7 +26,7 @@ def test_evaluations_and_table_compare_first_and_last():
     table = evaluation_table(results()).splitlines()
     assert table[0].split() == ["held-out", "split", "iteration", "0", "iteration", "3"]
     assert table[2].split() == ["accuracy", "0.250", "0.500"]
-    assert "no held-out evaluation" in evaluation_table([{"training_iteration": 1}])
+    assert "no held-out evaluation was run (set held_out_interval > 0)" in evaluation_table([{"training_iteration": 1}])
 
 
 def test_an_evaluation_after_the_first_update_keeps_the_one_before_it():  # held_out_interval: 1

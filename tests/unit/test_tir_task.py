@@ -85,7 +85,7 @@ def test_splits_are_disjoint_sized_and_have_every_kind(task: TIRTask):
     assert len(set().union(*questions.values())) == 9 + 6 + 6  # no question twice, in or across splits
     for name in SPLIT_NAMES:
         assert {example.kind for example in task.split(name)} == set(QUESTION_KINDS)
-    with pytest.raises(KeyError, match="unknown split"):
+    with pytest.raises(ValueError, match="unknown split"):
         task.split("validation")
 
 
