@@ -12,10 +12,15 @@ or ``CheckFailed`` when the result is wrong; any other exception is a FAIL too:
    (``WeightBroadcastGroup``) into the engine (``open_weight_group`` / ``receive_weights``); the
    engine then continues greedily as a fresh engine loaded with those weights does.
 4. ``learners``: DDP and DeepSpeed ZeRO-2 / ZeRO-3 with 2 learners on 2 GPUs, in bf16, end two
-   updates within a tolerance of one learner's weights.
+   updates as one learner does (gradient norms, and the weights' updates).
 5. ``learner_memory``: ``learner.memory``'s estimate against the peak CUDA memory
    (``torch.cuda.max_memory_allocated``) of one update.
 6. ``throughput``: tokens/s of sampling (vLLM) and of a training step (one learner).
+
+Each check takes the ``Devices`` it runs on: ``GPU`` (cuda, NCCL, vLLM, bf16) is what the command
+runs; ``CPU`` (cpu, gloo, the HF engine, float32, learners on CPU cores) runs the same comparisons
+on a machine without a GPU, which is how the tests run them. Only the gate (``Devices.require``),
+the bf16 support query and the peak CUDA memory are GPU-only.
 
 Each piece runs in a thread of its own with a time limit, so an exception or a hang in one never
 stops the others (a piece past its limit is reported FAIL and left running in the background; the
@@ -30,6 +35,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -52,11 +58,22 @@ GREEDY_TOKENS = 32
 # bf16: vLLM's kernels and transformers' round differently, so a near-tied greedy choice may part
 SAME_CONTINUATIONS_MIN = 0.75  # of the prompts, continued token for token alike
 LOGPROB_ATOL = 0.1  # nats, on the tokens before the continuations part
+NOISE_SCALE = 0.1  # the perturbed weights: noise of this times each tensor's standard deviation
+MATMUL_SIZE = 4096
+BF16_UNIT_ROUNDOFF = 2**-8  # bf16 keeps 8 significant bits
+# Rounding to nearest errs by up to half a unit in the last place, uniformly: about 0.41 u relative
+# (RMS) for values spread over their binade. Rounding the random inputs (sqrt(2) 0.41 u on each
+# product) and the product (0.41 u) puts the relative error (Frobenius) of a bf16 matmul with
+# float32 sums at about 0.71 u = 2.8e-3, a mean over all elements, so it hardly varies. 2.56 u lets
+# that pass and fails a kernel that loses more (summing in bf16 loses about sqrt(size) u).
+MATMUL_RTOL = 1e-2
 LR = 1e-4
-# two Adam updates move a weight about 2 lr; a bf16 gradient near zero can flip its step's sign
-WEIGHTS_ATOL = 4 * LR
-BF16_RTOL = 2**-7  # the weights come back in bf16: one rounding step apart where a sum rounded otherwise
-GRAD_NORM_RTOL = 1e-2
+# 2 learners against 1: a micro-batch is half the rows, so each of 2 learners runs one of the 2
+# micro-batches that one learner runs, and both add the same two micro-batch gradients (one rounding,
+# and a + b == b + a). A backend may add a few roundings of the dtype's unit roundoff u (a reduce in
+# bf16, DeepSpeed's averaging, a GPU's nondeterministic backward): ``learner_tolerances``.
+LEARNER_ROWS, LEARNER_MICRO_BATCH = 8, 4
+GRADIENT_ROUNDINGS = 4
 MEMORY_SLACK = 1.25  # the estimate plans GPUs: the measured peak may exceed it by this factor ...
 MEMORY_FIXED_BYTES = 256 * 1024**2  # ... plus CUDA workspaces (cuBLAS), which it does not count
 
@@ -136,7 +153,39 @@ def _shutdown_ray() -> None:
         sys.modules["ray"].shutdown()
 
 
-# ---- what a piece needs ------------------------------------------------------------------------
+# ---- where a piece runs ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Devices:
+    """What differs between a GPU machine and a CPU one, so that every piece's comparison runs on
+    both: ``GPU`` is what ``rllib check-gpu`` checks, ``CPU`` the same comparisons without one."""
+
+    device: str  # the engines, the weights' sender and the learners: "cuda" or "cpu"
+    backend: str  # the weight broadcast's process group: "nccl" or "gloo"
+    engine: str  # the engine compared with the HF engine: "vllm" or "hf"
+    dtype: str  # of the engines and the learners: "bfloat16" or "float32"
+
+    def require(self, gpus: int = 1, why: str = "", engine: bool = False) -> None:
+        """The GPU-only gate: on cuda, ``Skip`` unless ``gpus`` devices are there and, for a piece
+        that starts the compared ``engine``, vLLM's CUDA build."""
+        if self.device == "cuda":
+            require_gpus(gpus, why)
+            if engine and self.engine == "vllm":
+                require_vllm_on_cuda()
+
+    @property
+    def second_device(self) -> str:
+        """Where a second process beside the engine (on cuda:0) works: the second GPU, or the cpu."""
+        return "cuda:1" if self.device == "cuda" else "cpu"
+
+    @property
+    def learner_resources(self) -> dict:
+        return {"num_gpus_per_learner": 1} if self.device == "cuda" else {"num_cpus_per_learner": 1}
+
+
+GPU = Devices(device="cuda", backend="nccl", engine="vllm", dtype="bfloat16")
+CPU = Devices(device="cpu", backend="gloo", engine="hf", dtype="float32")
 
 
 def require_gpus(count: int = 1, why: str = "") -> None:
@@ -161,35 +210,52 @@ def require_vllm_on_cuda() -> None:
         raise Skip("vllm is installed without CUDA support (the CPU build); install the GPU wheel")
 
 
+def _synchronize(device: str) -> None:
+    """Wait for the device's queued kernels (cuda runs them asynchronously; the cpu does not)."""
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
 # ---- the pieces --------------------------------------------------------------------------------
 
 
-def check_cuda_torch(model: str) -> dict:
-    """A 4096 x 4096 matmul in bf16 against float32: relative error below bf16's rounding."""
-    require_gpus()
+def _bf16_matmul(a, b):
+    """The bf16 product that ``check_cuda_torch`` times and measures."""
+    return a @ b
+
+
+def check_cuda_torch(model: str, devices: Devices = GPU, size: int = MATMUL_SIZE) -> dict:
+    """A ``size`` x ``size`` matmul in bf16 against float32: relative error (Frobenius) at most
+    ``MATMUL_RTOL``."""
+    devices.require()
+    import platform
+
     import torch
 
-    if not torch.cuda.is_bf16_supported():
+    on_cuda = devices.device == "cuda"
+    if on_cuda and not torch.cuda.is_bf16_supported():
         raise CheckFailed(f"{torch.cuda.get_device_name()} does not support bfloat16")
-    generator = torch.Generator("cuda").manual_seed(0)
-    a, b = (torch.randn(4096, 4096, device="cuda", generator=generator) for _ in range(2))
+    generator = torch.Generator(devices.device).manual_seed(0)
+    a, b = (torch.randn(size, size, device=devices.device, generator=generator) for _ in range(2))
     expected = a @ b
     a16, b16 = a.bfloat16(), b.bfloat16()
-    torch.cuda.synchronize()
+    _synchronize(devices.device)
     start = time.perf_counter()
-    product = a16 @ b16
-    torch.cuda.synchronize()
+    product = _bf16_matmul(a16, b16)
+    _synchronize(devices.device)
     seconds = time.perf_counter() - start
     error = float((product.float() - expected).norm() / expected.norm())
-    if error > 1e-2:
-        raise CheckFailed(f"bf16 matmul relative error {error:.2e} > 1e-2")
+    if error > MATMUL_RTOL:
+        raise CheckFailed(f"bf16 matmul relative error {error:.2e} > {MATMUL_RTOL:g}")
     return {
-        "device": torch.cuda.get_device_name(),
+        "device": torch.cuda.get_device_name() if on_cuda else platform.processor() or "cpu",
         "gpus": torch.cuda.device_count(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "bf16_matmul_rel_error": error,
-        "bf16_matmul_tflops": 2 * 4096**3 / seconds / 1e12,
+        "bf16_matmul_tflops": 2 * size**3 / seconds / 1e12,
     }
 
 
@@ -197,115 +263,146 @@ def _prompts(tokenizer) -> list[list[int]]:
     return [tokenizer(text, add_special_tokens=False).input_ids for text in PROMPT_TEXTS]
 
 
-def _greedy_tokens(engine, prompts) -> list[list[int]]:
+def _greedy(tokens: int):
     from rllib_arpo.rollout.engine import SamplingParams
 
-    greedy = SamplingParams(max_new_tokens=GREEDY_TOKENS, temperature=0.0)
-    return [g.token_ids for g in engine.generate(prompts, greedy)]
+    return SamplingParams(max_new_tokens=tokens, temperature=0.0)
 
 
-def _vllm_engine(model_path: str, **options):
+def _greedy_tokens(engine, prompts, tokens: int) -> list[list[int]]:
+    return [g.token_ids for g in engine.generate(prompts, _greedy(tokens))]
+
+
+def _hf_engine(devices: Devices, model_path: str):
+    import torch
+
+    from rllib_arpo.rollout.hf_engine import HFEngine
+
+    return HFEngine.from_pretrained(model_path, dtype=getattr(torch, devices.dtype), device=devices.device)
+
+
+def _compared_engine(devices: Devices, model_path: str, receives_in_place: bool = False):
+    """The engine checked against the HF engine: vLLM on a share of the GPU (with its in-place
+    weight receiver if ``receives_in_place``), or where ``devices.engine`` is ``hf`` an HF engine."""
+    if devices.engine == "hf":
+        return _hf_engine(devices, model_path)
+    from rllib_arpo.rollout.engine import ENGINES
     from rllib_arpo.rollout.vllm_engine import VLLMEngine
 
+    options = ENGINES.get("vllm").in_place_options if receives_in_place else {}
     return VLLMEngine(
-        model_path, dtype="bfloat16", gpu_memory_utilization=GPU_MEMORY_FRACTION, max_model_len=MAX_MODEL_LEN, **options
+        model_path,
+        dtype=devices.dtype,
+        gpu_memory_utilization=GPU_MEMORY_FRACTION,
+        max_model_len=MAX_MODEL_LEN,
+        **options,
     )
 
 
-def check_vllm_generation(model: str) -> dict:
-    """Greedy continuations of vLLM and of the HF engine, both bf16 on cuda: at least
+@contextmanager
+def _running(engine):
+    """``engine``, closed at the end where it has processes to close (vLLM's)."""
+    try:
+        yield engine
+    finally:
+        if hasattr(engine, "close"):
+            engine.close()
+
+
+def check_vllm_generation(model: str, devices: Devices = GPU, greedy_tokens: int = GREEDY_TOKENS) -> dict:
+    """Greedy continuations of the compared engine (vLLM) and of the HF engine: at least
     ``SAME_CONTINUATIONS_MIN`` of them token for token alike, and on the tokens before any parting
     the log-probs within ``LOGPROB_ATOL``."""
-    require_gpus()
-    require_vllm_on_cuda()
-    import torch
-
+    devices.require(engine=True)
     from rllib_arpo.models.cache import resolve_model_path
-    from rllib_arpo.rollout.engine import SamplingParams
-    from rllib_arpo.rollout.hf_engine import HFEngine
 
     path = resolve_model_path(model)
     start = time.perf_counter()
-    vllm = _vllm_engine(path)
-    started = time.perf_counter() - start
-    try:
-        prompts = _prompts(vllm.tokenizer)
-        greedy = SamplingParams(max_new_tokens=GREEDY_TOKENS, temperature=0.0)
+    with _running(_compared_engine(devices, path)) as engine:
+        started = time.perf_counter() - start
+        prompts = _prompts(engine.tokenizer)
         start = time.perf_counter()
-        from_vllm = vllm.generate(prompts, greedy)
+        compared = engine.generate(prompts, _greedy(greedy_tokens))
         seconds = time.perf_counter() - start
-    finally:
-        vllm.close()
-    hf = HFEngine.from_pretrained(path, dtype=torch.bfloat16, device="cuda")
-    from_hf = hf.generate(prompts, greedy)
+    reference = _hf_engine(devices, path).generate(prompts, _greedy(greedy_tokens))
     same, gap = 0, 0.0
-    for v, h in zip(from_vllm, from_hf):
-        same += v.token_ids == h.token_ids
-        shared = next((i for i, (a, b) in enumerate(zip(v.token_ids, h.token_ids)) if a != b), None)
-        shared = min(len(v.token_ids), len(h.token_ids)) if shared is None else shared
-        gap = max([gap, *(abs(a - b) for a, b in zip(v.logprobs[:shared], h.logprobs[:shared]))])
+    for c, r in zip(compared, reference):
+        same += c.token_ids == r.token_ids
+        shared = next((i for i, (a, b) in enumerate(zip(c.token_ids, r.token_ids)) if a != b), None)
+        shared = min(len(c.token_ids), len(r.token_ids)) if shared is None else shared
+        gap = max([gap, *(abs(a - b) for a, b in zip(c.logprobs[:shared], r.logprobs[:shared]))])
     figures = {
         "engine_start_s": started,
         "same_continuations": f"{same}/{len(prompts)}",
         "max_logprob_gap": gap,
-        "greedy_tokens_per_s": sum(len(g.token_ids) for g in from_vllm) / seconds,
+        "greedy_tokens_per_s": sum(len(g.token_ids) for g in compared) / seconds,
     }
     if same < SAME_CONTINUATIONS_MIN * len(prompts) or gap > LOGPROB_ATOL:
-        raise CheckFailed(f"vLLM and HF greedy continuations differ: {figures}")
+        raise CheckFailed(f"{devices.engine} and HF greedy continuations differ: {figures}")
     return figures
 
 
-def _send_perturbed_weights(model_path: str, perturbed_dir: str, address: str, port: int, layouts) -> None:
-    """The sender of ``check_nccl_broadcast`` (a process of its own, on cuda:1): the model with
-    noise of 0.1 times each tensor's spread added (seed 0), saved to ``perturbed_dir`` and
-    broadcast as rank 0 in the order of the layout the engine reported."""
+def save_perturbed_model(model_path: str, directory: str, dtype: str):
+    """The model with noise of ``NOISE_SCALE`` times each tensor's standard deviation added
+    (seed 0), saved with its tokenizer to ``directory``; returns the model."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rllib_arpo.learner.weight_broadcast import WeightBroadcastGroup
-
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for param in model.parameters():
-            noise = torch.randn(param.shape, generator=generator) * 0.1 * param.float().std()
+            noise = torch.randn(param.shape, generator=generator) * NOISE_SCALE * param.float().std()
             param.add_(noise.to(param.dtype))
-    model.save_pretrained(perturbed_dir)
-    AutoTokenizer.from_pretrained(model_path).save_pretrained(perturbed_dir)
-    torch.cuda.set_device(1)
-    model.to("cuda:1")
-    group = WeightBroadcastGroup(address, port, 0, 2, "nccl")
+    model.save_pretrained(directory)
+    AutoTokenizer.from_pretrained(model_path).save_pretrained(directory)
+    return model
+
+
+def _send_perturbed_weights(model_path: str, perturbed_dir: str, address: str, port: int, layouts, devices) -> None:
+    """The sender of ``check_nccl_broadcast`` (a process of its own, on ``devices.second_device``):
+    the perturbed model (``save_perturbed_model``) broadcast as rank 0 in the order of the layout
+    the engine reported."""
+    import torch
+
+    from rllib_arpo.learner.weight_broadcast import WeightBroadcastGroup
+
+    model = save_perturbed_model(model_path, perturbed_dir, devices.dtype)
+    if devices.device == "cuda":
+        torch.cuda.set_device(devices.second_device)
+    model.to(devices.second_device)
+    group = WeightBroadcastGroup(address, port, 0, 2, devices.backend)
     layout = layouts.get(timeout=600)
     weights = dict(model.named_parameters())
     layout.check_source(weights)
     for name, _, _ in layout.tensors:
         group.broadcast(weights[name].data.contiguous())
-    torch.cuda.synchronize()
+    _synchronize(devices.device)
 
 
-def check_nccl_broadcast(model: str) -> dict:
-    """Perturbed weights broadcast over NCCL into a running engine, which then continues greedily
-    as a fresh engine loaded with the same weights does (and otherwise than before)."""
-    require_gpus(2, " (NCCL puts the sender and the engine on different devices)")
-    require_vllm_on_cuda()
+def check_nccl_broadcast(model: str, devices: Devices = GPU, greedy_tokens: int = GREEDY_TOKENS) -> dict:
+    """Perturbed weights broadcast (NCCL; gloo on CPU) into a running engine, which then
+    continues greedily as a fresh engine loaded with the same weights does, and otherwise than
+    before for at least one prompt (else a broadcast that changes nothing would pass)."""
+    devices.require(2, " (NCCL puts the sender and the engine on different devices)", engine=True)
     import multiprocessing
 
     from rllib_arpo.learner.weight_broadcast import free_address
     from rllib_arpo.models.cache import resolve_model_path
-    from rllib_arpo.rollout.engine import ENGINES
 
     path = resolve_model_path(model)
     context = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="check-gpu-") as perturbed_dir:
-        engine = _vllm_engine(path, **ENGINES.get("vllm").in_place_options)  # the receiver in vLLM's workers
-        try:
+        with _running(_compared_engine(devices, path, receives_in_place=True)) as engine:
             prompts = _prompts(engine.tokenizer)
-            before = _greedy_tokens(engine, prompts)
+            before = _greedy_tokens(engine, prompts, greedy_tokens)
             address, port = free_address()
             layouts = context.Queue()
-            sender = context.Process(target=_send_perturbed_weights, args=(path, perturbed_dir, address, port, layouts))
+            sender = context.Process(
+                target=_send_perturbed_weights, args=(path, perturbed_dir, address, port, layouts, devices)
+            )
             sender.start()
-            layout = engine.open_weight_group(address, port, 1, 2, "nccl")
+            layout = engine.open_weight_group(address, port, 1, 2, devices.backend)
             layouts.put(layout)
             start = time.perf_counter()
             engine.receive_weights(version=1)
@@ -313,26 +410,24 @@ def check_nccl_broadcast(model: str) -> dict:
             sender.join(timeout=60)
             if sender.exitcode != 0:
                 raise CheckFailed(f"the sender process ended with exit code {sender.exitcode}")
-            received = _greedy_tokens(engine, prompts)
-        finally:
-            engine.close()
-        fresh_engine = _vllm_engine(perturbed_dir)
-        try:
-            fresh = _greedy_tokens(fresh_engine, prompts)
-        finally:
-            fresh_engine.close()
+            received = _greedy_tokens(engine, prompts, greedy_tokens)
+        with _running(_compared_engine(devices, perturbed_dir)) as fresh_engine:
+            fresh = _greedy_tokens(fresh_engine, prompts, greedy_tokens)
+    changed = sum(r != b for r, b in zip(received, before))
     figures = {
         "broadcast_s": seconds,
         "broadcast_gb_per_s": layout.num_bytes / seconds / 1e9,
         "same_as_fresh_engine": f"{sum(r == f for r, f in zip(received, fresh))}/{len(prompts)}",
-        "changed_by_perturbation": f"{sum(r != b for r, b in zip(received, before))}/{len(prompts)}",
+        "changed_by_perturbation": f"{changed}/{len(prompts)}",
     }
     if received != fresh:
         raise CheckFailed(f"the engine after the broadcast continues otherwise than a fresh one: {figures}")
+    if not changed:
+        raise CheckFailed(f"the perturbed weights continue as the old ones, so the broadcast is untested: {figures}")
     return figures
 
 
-def _training_batch(model_path: str, rows: int = 8, prompt_tokens: int = 32, response_tokens: int = 96):
+def _training_batch(model_path: str, rows: int = LEARNER_ROWS, prompt_tokens: int = 32, response_tokens: int = 96):
     """A padded batch (``learner.packing.pad_rows``) of random tokens, every response token
     trained, one random advantage per row, old log-probs near a random policy's."""
     import numpy as np
@@ -358,35 +453,41 @@ def _training_batch(model_path: str, rows: int = 8, prompt_tokens: int = 32, res
     return pad_rows(batch_rows, advantages, pad_token_id=0)
 
 
-def _learner_group(model_path: str, num_learners: int, **learners):
-    """An ``ARPOConfig`` in bf16 with ``num_learners`` learners on a GPU each, and its learner
-    group (``ARPOConfig.build_learner_group``, as the algorithm builds it)."""
+def _learner_config(model_path: str, num_learners: int, devices: Devices, **learners):
+    """An ``ARPOConfig`` in ``devices.dtype`` with ``num_learners`` learners on a GPU (or a CPU
+    core) each."""
+    from rllib_arpo.algorithm import ARPOConfig
+
+    return (
+        ARPOConfig()
+        .policy(model_path=model_path, dtype=devices.dtype)
+        .training(lr=LR, micro_batch_size=LEARNER_MICRO_BATCH, grad_clip=100.0)  # large: logs the norm, never clips
+        .learners(num_learners=num_learners, packing="padded", **devices.learner_resources, **learners)
+    )
+
+
+def _learner_group(config):
+    """The learner group of ``config`` (``ARPOConfig.build_learner_group``, as the algorithm builds it)."""
     import ray
     from ray.rllib.core import DEFAULT_MODULE_ID
     from transformers import AutoConfig
 
-    from rllib_arpo.algorithm import ARPOConfig
     from rllib_arpo.learner.rl_module import placeholder_spaces
 
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)
-    config = (
-        ARPOConfig()
-        .policy(model_path=model_path, dtype="bfloat16")
-        .training(lr=LR, micro_batch_size=4, grad_clip=100.0)  # large: logs the norm, never clips
-        .learners(num_learners=num_learners, num_gpus_per_learner=1, packing="padded", **learners)
-    )
-    vocab_size = AutoConfig.from_pretrained(model_path).vocab_size
-    return config, config.build_learner_group(spaces={DEFAULT_MODULE_ID: placeholder_spaces(vocab_size)})
+    vocab_size = AutoConfig.from_pretrained(config.model_path).vocab_size
+    return config.build_learner_group(spaces={DEFAULT_MODULE_ID: placeholder_spaces(vocab_size)})
 
 
-def _train_twice(model_path: str, batch, num_learners: int, **learners) -> tuple[dict, list[float]]:
+def _train_twice(model_path: str, batch, num_learners: int, devices: Devices, **learners) -> tuple[dict, list[float]]:
     """Weights after two updates on ``batch`` and the global gradient norm of each."""
     from ray.rllib.core import DEFAULT_MODULE_ID
 
     from rllib_arpo.learner.group import policy_weights, update_learners
 
-    config, group = _learner_group(model_path, num_learners, **learners)
+    config = _learner_config(model_path, num_learners, devices, **learners)
+    group = _learner_group(config)
     try:
         norms = []
         for _ in range(2):
@@ -397,6 +498,29 @@ def _train_twice(model_path: str, batch, num_learners: int, **learners) -> tuple
         group.shutdown()
 
 
+def update_gap(weights: dict, expected: dict, initial: dict) -> float:
+    """How far ``weights`` ended from ``expected``, relative to how far ``expected`` moved from
+    ``initial``: ||w - e|| / ||e - w0|| over all tensors (float32)."""
+    gap = sum(float((weights[k].float() - expected[k].float()).square().sum()) for k in expected)
+    moved = sum(float((expected[k].float() - initial[k].float()).square().sum()) for k in expected)
+    return (gap / moved) ** 0.5
+
+
+def learner_tolerances(dtype: str) -> tuple[float, float]:
+    """The largest gradient-norm relative gap and ``update_gap`` of 2 learners against one in
+    ``dtype``, from e = ``GRADIENT_ROUNDINGS`` u (u: the unit roundoff, 2^-24 in float32, 2^-8 in
+    bf16): the gradients differ by at most e relative, so the norms do. Adam steps a weight by about
+    lr whatever its gradient's size, so a weight whose gradient lies within e of zero may step the
+    other way: its two flipped steps add (4 lr)^2 to ||w - e||^2, where every weight adds about
+    (2 lr)^2 to ||e - w0||^2, so flips of a fraction f of the weights make a gap of 2 sqrt(f); f is at
+    most e where a gradient element's density near zero is at most 1 / its RMS (a Gaussian's: 0.4).
+    float32: 2.4e-7 and 9.8e-4; bf16: 1.6e-2 and 0.25. A learner that loses a shard: about 0.7 and 0.8."""
+    import torch
+
+    error = GRADIENT_ROUNDINGS * torch.finfo(getattr(torch, dtype)).eps / 2
+    return error, 2 * error**0.5
+
+
 LEARNER_LAYOUTS = {
     "ddp": {},
     "zero2": {"learner_backend": "deepspeed", "zero_stage": 2},
@@ -404,29 +528,30 @@ LEARNER_LAYOUTS = {
 }
 
 
-def check_learners(model: str) -> dict:
-    """DDP, ZeRO-2 and ZeRO-3 with 2 learners against one learner, two bf16 updates on the same
-    batch: weights (in bf16, as the engines get them) within ``WEIGHTS_ATOL`` + ``BF16_RTOL`` of
-    their size, gradient norms within ``GRAD_NORM_RTOL``."""
-    require_gpus(2, " (2 learners)")
-    require_package("deepspeed")
+def check_learners(model: str, devices: Devices = GPU, layouts: dict = LEARNER_LAYOUTS) -> dict:
+    """Each of ``layouts`` (learner options) with 2 learners against one learner, two updates on
+    the same batch: gradient norms and the weights' update (``update_gap``) as close to one
+    learner's as ``learner_tolerances`` of ``devices.dtype`` allows."""
+    devices.require(2, " (2 learners)")
+    if any(options.get("learner_backend") == "deepspeed" for options in layouts.values()):
+        require_package("deepspeed")
     import torch
+    from transformers import AutoModelForCausalLM
 
     from rllib_arpo.models.cache import resolve_model_path
 
     path = resolve_model_path(model)
     batch = _training_batch(path)
-    expected, expected_norms = _train_twice(path, batch, num_learners=1)
+    initial = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, devices.dtype)).state_dict()
+    expected, expected_norms = _train_twice(path, batch, 1, devices)
+    norm_rtol, gap_max = learner_tolerances(devices.dtype)
     figures, wrong = {}, []
-    for name, learners in LEARNER_LAYOUTS.items():
-        weights, norms = _train_twice(path, batch, num_learners=2, **learners)
-        gap = max(float((weights[k].float() - expected[k].float()).abs().max()) for k in expected)
-        close = all(
-            torch.isclose(weights[k].float(), expected[k].float(), BF16_RTOL, WEIGHTS_ATOL).all() for k in expected
-        )
+    for name, learners in layouts.items():
+        weights, norms = _train_twice(path, batch, 2, devices, **learners)
+        gap = update_gap(weights, expected, initial)
         norm_gap = max(abs(n - e) / e for n, e in zip(norms, expected_norms))
-        figures[f"{name}_max_weight_gap"], figures[f"{name}_grad_norm_rel_gap"] = gap, norm_gap
-        if not close or norm_gap > GRAD_NORM_RTOL:
+        figures[f"{name}_update_gap"], figures[f"{name}_grad_norm_rel_gap"] = gap, norm_gap
+        if gap > gap_max or norm_gap > norm_rtol:
             wrong.append(name)
     if wrong:
         raise CheckFailed(f"2 learners differ from one ({', '.join(wrong)}): {figures}")
@@ -439,61 +564,73 @@ def _peak_cuda_bytes(_learner) -> int:
     return torch.cuda.max_memory_allocated()
 
 
+def compare_memory(peak: int, estimate: int) -> dict:
+    """The learner's measured ``peak`` against the ``estimate``: at most ``MEMORY_SLACK`` times it
+    plus ``MEMORY_FIXED_BYTES``."""
+    from rllib_arpo.learner.memory import GIB
+
+    figures = {"peak_gib": peak / GIB, "estimate_gib": estimate / GIB, "peak_over_estimate": peak / estimate}
+    if peak > MEMORY_SLACK * estimate + MEMORY_FIXED_BYTES:
+        raise CheckFailed(f"the learner's peak memory exceeds the estimate: {figures}")
+    return figures
+
+
 def check_learner_memory(model: str) -> dict:
-    """One update of one learner: its peak CUDA memory at most ``MEMORY_SLACK`` times the estimate
-    (``learner.memory.learner_memory_of_config``) plus ``MEMORY_FIXED_BYTES``."""
-    require_gpus()
+    """One update of one learner: its peak CUDA memory against the estimate
+    (``learner.memory.learner_memory_of_config``), by ``compare_memory``. The peak is CUDA's
+    allocator's, so this piece runs on a GPU only."""
+    GPU.require()
     from rllib_arpo.learner.group import update_learners
-    from rllib_arpo.learner.memory import GIB, learner_memory_of_config
+    from rllib_arpo.learner.memory import learner_memory_of_config
     from rllib_arpo.models.cache import resolve_model_path
 
     path = resolve_model_path(model)
     batch = _training_batch(path)
-    config, group = _learner_group(path, num_learners=1)
+    config = _learner_config(path, 1, GPU)
+    group = _learner_group(config)
     try:
         update_learners(group, batch, config)
         [peak] = [ref.get() for ref in group.foreach_learner(_peak_cuda_bytes)]
     finally:
         group.shutdown()
-    estimate = learner_memory_of_config(config, sequence_length=batch["input_ids"].shape[1]).total
-    figures = {"peak_gib": peak / GIB, "estimate_gib": estimate / GIB, "peak_over_estimate": peak / estimate}
-    if peak > MEMORY_SLACK * estimate + MEMORY_FIXED_BYTES:
-        raise CheckFailed(f"the learner's peak CUDA memory exceeds the estimate: {figures}")
-    return figures
+    return compare_memory(peak, learner_memory_of_config(config, sequence_length=batch["input_ids"].shape[1]).total)
 
 
-def check_throughput(model: str) -> dict:
-    """Sampled tokens/s of vLLM (64 prompts, up to 128 tokens each, temperature 1) and trained
-    tokens/s of one learner (median of 3 updates after a warm-up)."""
-    require_gpus()
-    require_vllm_on_cuda()
+def check_throughput(
+    model: str, devices: Devices = GPU, prompt_copies: int = 8, max_new_tokens: int = 128, updates: int = 3
+) -> dict:
+    """Sampled tokens/s of the compared engine (vLLM; ``prompt_copies`` of the prompts, up to
+    ``max_new_tokens`` each, temperature 1) and trained tokens/s of one learner (median of
+    ``updates`` updates after a warm-up)."""
+    devices.require(engine=True)
     from rllib_arpo.learner.group import update_learners
     from rllib_arpo.models.cache import resolve_model_path
     from rllib_arpo.rollout.engine import SamplingParams
 
     path = resolve_model_path(model)
-    engine = _vllm_engine(path)
-    try:
-        prompts = _prompts(engine.tokenizer) * 8
+    with _running(_compared_engine(devices, path)) as engine:
+        prompts = _prompts(engine.tokenizer) * prompt_copies
         start = time.perf_counter()
-        sampled = engine.generate(prompts, SamplingParams(max_new_tokens=128, temperature=1.0, seed=0))
+        sampled = engine.generate(prompts, SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=0))
         sampling_s = time.perf_counter() - start
-    finally:
-        engine.close()
     batch = _training_batch(path)
-    config, group = _learner_group(path, num_learners=1)
+    config = _learner_config(path, 1, devices)
+    group = _learner_group(config)
     try:
         update_learners(group, batch, config)  # warm-up
         seconds = []
-        for _ in range(3):
+        for _ in range(updates):
             start = time.perf_counter()
             update_learners(group, batch, config)
             seconds.append(time.perf_counter() - start)
     finally:
         group.shutdown()
+    sampled_tokens, trained_tokens = sum(len(g.token_ids) for g in sampled), int(batch["loss_mask"].sum())
     return {
-        "sampling_tokens_per_s": sum(len(g.token_ids) for g in sampled) / sampling_s,
-        "training_tokens_per_s": float(batch["loss_mask"].sum()) / statistics.median(seconds),
+        "sampled_tokens": sampled_tokens,
+        "sampling_tokens_per_s": sampled_tokens / sampling_s,
+        "trained_tokens": trained_tokens,
+        "training_tokens_per_s": trained_tokens / statistics.median(seconds),
     }
 
 

@@ -1,6 +1,10 @@
 """``rllib check-gpu``: on a machine without a GPU every piece is a SKIP with its reason and the
 exit status is 0; the runner turns a piece's figures, Skip, CheckFailed, any other exception
-and a hang into PASS / SKIP / FAIL lines without stopping the pieces after it."""
+and a hang into PASS / SKIP / FAIL lines without stopping the pieces after it.
+
+Each piece's comparison runs here on ``CPU`` (the HF engine in place of vLLM, gloo in place of
+NCCL, float32), passing where the compared things agree and failing where they differ; the pieces
+that need Ray (learners, throughput) are in tests/integration/test_gpu_check_logic.py."""
 
 from __future__ import annotations
 
@@ -10,8 +14,28 @@ import threading
 import pytest
 import torch
 
-from rllib_arpo import cli
-from rllib_arpo.gpu_check import PIECES, CheckFailed, Piece, Skip, run_checks, run_piece
+from rllib_arpo import cli, gpu_check
+from rllib_arpo.gpu_check import (
+    BF16_UNIT_ROUNDOFF,
+    CPU,
+    GPU,
+    MATMUL_RTOL,
+    MEMORY_FIXED_BYTES,
+    PIECES,
+    CheckFailed,
+    Piece,
+    Skip,
+    check_cuda_torch,
+    check_nccl_broadcast,
+    check_vllm_generation,
+    compare_memory,
+    run_checks,
+    run_piece,
+    save_perturbed_model,
+)
+from rllib_arpo.rollout.hf_engine import HFEngine
+
+GREEDY_TOKENS = 8  # the prompts (up to 38 tokens) and their continuations fit model_dir's 64 positions
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the pieces run for real (minutes)")
@@ -90,3 +114,98 @@ def test_a_piece_past_its_time_limit_fails_and_the_others_still_run(tmp_path, ca
 
 def test_passes_and_skips_alone_exit_with_status_0():
     assert run_checks([Piece("ok", _figures, 5), Piece("skips", _skips, 5)], "tiny") == 0
+
+
+# ---- each piece's comparison on CPU -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lively_model_dir(model_dir, tmp_path_factory) -> str:
+    """``model_dir`` with its layers' weights times 10. An untrained model with tied embeddings
+    repeats its last token greedily whatever its layers hold (the embedding dominates the residual
+    stream), so perturbed weights would continue as the old ones; here the layers decide."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.startswith("model.layers.") and "norm" not in name:
+                param.mul_(10)
+    directory = tmp_path_factory.mktemp("lively_policy")
+    model.save_pretrained(directory)
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(directory)
+    return str(directory)
+
+
+@pytest.fixture(scope="module")
+def perturbed_dir(lively_model_dir, tmp_path_factory) -> str:
+    directory = tmp_path_factory.mktemp("perturbed_policy")
+    save_perturbed_model(lively_model_dir, str(directory), "float32")
+    return str(directory)
+
+
+def test_bf16_matmul_on_cpu_errs_by_bf16_rounding():
+    figures = check_cuda_torch("tiny", CPU, size=256)
+    # expected about 0.71 u (MATMUL_RTOL's comment), a mean over 65536 elements; a matmul that
+    # never rounded to bf16 would err by float32's 1e-7
+    assert BF16_UNIT_ROUNDOFF / 2 < figures["bf16_matmul_rel_error"] < MATMUL_RTOL
+
+
+def test_a_matmul_that_loses_precision_fails(monkeypatch):
+    # a product kept with 4 significant bits (float8 e4m3): about 0.41 * 2^-4 = 2.6e-2 relative
+    monkeypatch.setattr(gpu_check, "_bf16_matmul", lambda a, b: (a @ b).to(torch.float8_e4m3fn).bfloat16())
+    with pytest.raises(CheckFailed, match=r"bf16 matmul relative error .* > 0.01"):
+        check_cuda_torch("tiny", CPU, size=256)
+
+
+def test_engines_that_continue_alike_pass(lively_model_dir):
+    figures = check_vllm_generation(lively_model_dir, CPU, greedy_tokens=GREEDY_TOKENS)
+    # two HF engines on the same weights and batch: the same computation, bit for bit
+    assert (figures["same_continuations"], figures["max_logprob_gap"]) == ("8/8", 0.0)
+
+
+def test_an_engine_that_continues_otherwise_fails(lively_model_dir, perturbed_dir, monkeypatch):
+    monkeypatch.setattr(gpu_check, "_compared_engine", lambda devices, path: HFEngine.from_pretrained(perturbed_dir))
+    with pytest.raises(CheckFailed, match="hf and HF greedy continuations differ: .*'same_continuations': '0/8'"):
+        check_vllm_generation(lively_model_dir, CPU, greedy_tokens=GREEDY_TOKENS)
+
+
+def test_weights_broadcast_into_the_engine_continue_as_a_fresh_engine(lively_model_dir):
+    """A sender process broadcasts perturbed weights over gloo into the running HF engine."""
+    figures = check_nccl_broadcast(lively_model_dir, CPU, greedy_tokens=GREEDY_TOKENS)
+    assert (figures["same_as_fresh_engine"], figures["changed_by_perturbation"]) == ("8/8", "8/8")
+
+
+def test_an_engine_that_receives_into_copies_fails(lively_model_dir, monkeypatch):
+    open_weight_group = HFEngine.open_weight_group
+
+    def receive_into_copies(engine, *args):
+        layout = open_weight_group(engine, *args)
+        engine._weight_targets = [tensor.clone() for tensor in engine._weight_targets]
+        return layout
+
+    monkeypatch.setattr(HFEngine, "open_weight_group", receive_into_copies)
+    with pytest.raises(CheckFailed, match="continues otherwise than a fresh one: .*'changed_by_perturbation': '0/8'"):
+        check_nccl_broadcast(lively_model_dir, CPU, greedy_tokens=GREEDY_TOKENS)
+
+
+def test_a_broadcast_that_changes_no_continuation_fails(model_dir):
+    """``model_dir`` repeats its last token whatever its layers hold: nothing tells whether the
+    weights arrived, so the piece must not pass."""
+    with pytest.raises(CheckFailed, match="the perturbed weights continue as the old ones"):
+        check_nccl_broadcast(model_dir, CPU, greedy_tokens=GREEDY_TOKENS)
+
+
+def test_learner_memory_fails_above_the_estimates_allowance(model_dir):
+    from rllib_arpo.learner.memory import GIB, learner_memory_of_config
+
+    config = gpu_check._learner_config(model_dir, 1, GPU)  # what the piece estimates on a GPU
+    estimate = learner_memory_of_config(config, sequence_length=128).total
+    allowed = int(1.25 * estimate) + MEMORY_FIXED_BYTES
+    assert compare_memory(allowed, estimate) == {
+        "peak_gib": allowed / GIB,
+        "estimate_gib": estimate / GIB,
+        "peak_over_estimate": allowed / estimate,
+    }
+    with pytest.raises(CheckFailed, match="the learner's peak memory exceeds the estimate"):
+        compare_memory(allowed + 1, estimate)
