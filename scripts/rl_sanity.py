@@ -1,7 +1,11 @@
 """Pipeline check on real weights: a reward the model can learn in minutes must climb.
 
     python scripts/rl_sanity.py --model smollm2-135m --engine vllm        # SmolLM2-135M-Instruct
-    python scripts/rl_sanity.py --model tiny --engine hf --iterations 3   # the smallest size (CI)
+    python scripts/rl_sanity.py --model DIR --engine hf --iterations 7 --max-response-tokens 32 --lr 3e-2
+
+The second is CI's: DIR holds the tiny policy before its warm start
+(``models.tiny_policy.save_tiny_policy(DIR, sft_steps=0)``), whose responses are noise of every
+length, so the length is all there is to learn.
 
 The same RLlib algorithm, EnvRunner, engine, learner and weight sync as training, on the
 embedded task's prompts, with a reward that only asks for short responses:
@@ -26,8 +30,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-
-import ray
 
 SANITY_REWARD = {
     "format_penalty": 0.0,
@@ -65,11 +67,31 @@ def sanity_config(args) -> dict:
     }
 
 
+def final_reward(curve: list[float]) -> float:
+    """Mean of the last two values (the only value of a one-iteration curve)."""
+    return sum(curve[-2:]) / len(curve[-2:])
+
+
 def gain_fraction(curve: list[float]) -> float:
-    """Share of the gap between the first value and the maximum 0 that the mean of the last two
-    values has closed (1: at the maximum; <= 0: no gain)."""
-    start, end = curve[0], sum(curve[-2:]) / len(curve[-2:])
-    return 1.0 if start >= 0 else (end - start) / -start
+    """Share of the gap between the first value and the maximum 0 that the final reward has
+    closed, (end - start) / (0 - start): 1 at the maximum, <= 0 without a gain. A curve that starts
+    at the maximum has no gap: 1 if it stays there, 0 if it falls."""
+    start, end = curve[0], final_reward(curve)
+    if start >= 0:
+        return 1.0 if end >= start else 0.0
+    return (end - start) / -start
+
+
+def verdict(curve: list[float], min_gain_fraction: float, minutes: float) -> int:
+    """Print PASS or FAIL for the curve and return the exit status: 0 when its gain fraction is at
+    least ``min_gain_fraction``, 1 otherwise."""
+    fraction = gain_fraction(curve)
+    passed = fraction >= min_gain_fraction
+    print(
+        f"{'PASS' if passed else 'FAIL'}: reward {curve[0]:.3f} -> {final_reward(curve):.3f} "
+        f"(maximum 0), {fraction:.0%} of the gap closed (needed {min_gain_fraction:.0%}) in {minutes:.1f} minutes"
+    )
+    return 0 if passed else 1
 
 
 def main() -> int:
@@ -84,6 +106,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--min-gain-fraction", type=float, default=0.5)
     args = parser.parse_args()
+
+    import ray
 
     from rllib_arpo.algorithm import ARPOConfig
 
@@ -105,14 +129,7 @@ def main() -> int:
         )
     algo.stop()
     ray.shutdown()
-    fraction = gain_fraction(curve)
-    verdict = "PASS" if fraction >= args.min_gain_fraction else "FAIL"
-    print(
-        f"{verdict}: reward {curve[0]:.3f} -> {sum(curve[-2:]) / len(curve[-2:]):.3f} (maximum 0), "
-        f"{fraction:.0%} of the gap closed (needed {args.min_gain_fraction:.0%}) in "
-        f"{(time.perf_counter() - start) / 60:.1f} minutes"
-    )
-    return 0 if verdict == "PASS" else 1
+    return verdict(curve, args.min_gain_fraction, (time.perf_counter() - start) / 60)
 
 
 if __name__ == "__main__":

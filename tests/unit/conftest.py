@@ -1,7 +1,11 @@
+import importlib.util
 import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -62,3 +66,18 @@ def model_dir(tmp_path_factory) -> str:
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return str(directory)
+
+
+@pytest.fixture(scope="session")
+def load_script():
+    """``load_script(name)``: ``scripts/<name>.py`` imported as a module (its ``main`` not run), so
+    a test calls the script's functions directly."""
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses resolve the module's annotations through it
+        spec.loader.exec_module(module)
+        return module
+
+    return load
