@@ -103,7 +103,8 @@ WEIGHT_SYNCS: Registry[type] = Registry("weight sync")
 """The config's ``weight_sync`` -> a class with ``receives_in_place`` (the engines load the weights
 in place, from a process group of their own), ``push(learner_group, env_runner_group, version,
 runner_ids, wait)`` and ``reset()`` (an EnvRunner was restarted). Without ``wait`` (pipelined
-rollouts) a push may return before the EnvRunners have the weights; a broadcast always waits."""
+rollouts) a push may return before the EnvRunners have the weights; a broadcast always waits
+(``BroadcastSync.push`` says why)."""
 
 
 @WEIGHT_SYNCS.register("object_store")
@@ -125,7 +126,8 @@ class ObjectStoreDeltaSync:
     with state of its own (the weights last sent, in the engines' dtype, kept by the driver), and
     only the object store path can carry it. Full sends: the first sync, after ``reset()`` (an
     EnvRunner was restarted) and any sync to a subset of the EnvRunners. A delta names the version
-    it applies to; an EnvRunner holding another version refuses it (``set_state``)."""
+    it applies to; an EnvRunner holding another version refuses it (``set_state`` raises: RLlib
+    ends the actor, and the driver restarts it with a full send)."""
 
     receives_in_place = False
 
@@ -162,6 +164,16 @@ class BroadcastSync:
         self.layout: WeightLayout | None = None  # the group's layout once it is open
 
     def push(self, learner_group, env_runner_group, version: int, runner_ids: list[int] | None, wait: bool) -> None:
+        """One broadcast to every engine (``runner_ids`` is ignored: the whole group takes part).
+
+        It always waits, whatever ``wait`` says: a broadcast is a collective, so learner rank 0
+        returns only once every engine has received, and the sender (the learner, or the driver
+        itself with a local learner) could do nothing else meanwhile. Pipelined (``wait`` False)
+        each EnvRunner receives after the ``sample()`` requests queued before it (K of them), so
+        the push returns when those are done: no deadlock (they need nothing from the driver), the
+        batches keep the pipeline's staleness, and the learner update still overlaps them. Each
+        wait is bounded by the group's timeout (``WeightBroadcastGroup``, 600 s) and
+        ``ANSWER_TIMEOUT_S``: K ``sample()`` calls must fit in it."""
         if self.layout is None:
             self.layout = open_broadcast_group(learner_group, env_runner_group)
         broadcast(learner_group, env_runner_group, self.layout, version)

@@ -76,6 +76,11 @@ class RolloutBatch:
     runner_metrics: dict | None = None  # get_metrics() right after this sample, in the same request
 
 
+def _resolved(value):
+    """``value``, fetched from the object store when it is an ObjectRef."""
+    return ray.get(value) if isinstance(value, ray.ObjectRef) else value
+
+
 def build_engine(config):
     """The generation engine named by ``config.engine`` (``rollout.engine.ENGINES``), with the
     options it declares for receiving weights in place when the weight sync does that."""
@@ -263,15 +268,14 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
 
     def set_state(self, state: dict) -> None:
         """Load ``{"weights": state_dict | ObjectRef, "weights_version": v}`` (or a
-        ``"weights_delta"`` on ``"base_version"``, applied to the weights last loaded) and/or move to
+        ``"weights_delta"`` on ``"base_version"``, applied to the weights last loaded; refused with
+        ValueError unless the engine holds that version) and/or move to
         ``{"data_position": DataPosition}``. RLlib's own weight sync (``rl_module``) carries no
         weights (``CausalLMModule.get_state``) and is ignored."""
         if "data_position" in state:
             self.seek(state["data_position"])
         if "weights" in state:
-            weights = state["weights"]
-            if isinstance(weights, ray.ObjectRef):
-                weights = ray.get(weights)
+            weights = _resolved(state["weights"])
             if self.config.weight_sync == "object_store_delta":
                 # a writable copy, the base of the next delta (object-store memory is read-only)
                 self.weights = {name: tensor.clone() for name, tensor in weights.items()}
@@ -282,7 +286,7 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
                     f"a weight delta on version {state['base_version']} reached an EnvRunner holding "
                     f"version {self.engine.weights_version}: a full send is needed"
                 )
-            weight_delta.apply(self.weights, ray.get(state["weights_delta"]))
+            weight_delta.apply(self.weights, _resolved(state["weights_delta"]))
             self.engine.update_weights(self.weights, state["weights_version"])
 
     # --- weight_sync: broadcast (learner.weight_broadcast) --------------------------------
