@@ -18,6 +18,7 @@ Ray Tune under its name (``run: GRPO``, ``tune.Tuner("GRPO")``); see ``tuned_exa
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from dataclasses import fields
@@ -30,6 +31,7 @@ from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, LEARNER_RESULTS
+from ray.tune.utils.util import SafeFallbackEncoder
 
 from rllib_arpo.config_fields import CONFIG_GROUPS, check_rllib_fields
 from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
@@ -41,6 +43,7 @@ from rllib_arpo.family import FAMILY
 from rllib_arpo.learner.backends import LEARNER_BACKENDS
 from rllib_arpo.learner.checkpoint import (
     POLICY_DIRECTORY,
+    RESULTS_FILE,
     checkpoints_in,
     export_policy,
     latest_complete_checkpoint,
@@ -54,7 +57,7 @@ from rllib_arpo.learner.rllib_compat import thawed
 from rllib_arpo.metrics_export import RayMetricsExporter
 from rllib_arpo.models.cache import check_model_path
 from rllib_arpo.rollout.env_runner import ARPOEnvRunner, DataPosition, RolloutBatch
-from rllib_arpo.rollout_pipeline import RolloutPipeline, SampleFailure, sample_or_failure
+from rllib_arpo.rollout_pipeline import RolloutPipeline, SampleFailure, batch_staleness, sample_or_failure
 from rllib_arpo.weight_sync import WEIGHT_SYNCS
 
 MAX_SAMPLE_ATTEMPTS = 3
@@ -261,7 +264,16 @@ class ARPO(Algorithm):
         self.weight_sender = WEIGHT_SYNCS.get(config.weight_sync)()
         self.sampled = Counter()
         self.pipeline = RolloutPipeline(config.max_staleness) if config.max_staleness else None
+        # the result row of every iteration so far, as Tune logs it (a checkpoint keeps them)
+        self.result_rows: list[str] = []
         self.continued_from = self.continue_from_latest_checkpoint_on_disk()
+
+    def train(self) -> dict:
+        """Tune's ``Trainable.train`` (one ``step`` plus the fields Tune adds), its row kept in
+        ``result_rows`` as Tune's ``result.json`` holds it."""
+        result = super().train()
+        self.result_rows.append(json.dumps(result, cls=SafeFallbackEncoder))
+        return result
 
     def step(self) -> dict:
         """One iteration (RLlib's ``Algorithm.step``), its key metrics then set as Ray metrics."""
@@ -318,11 +330,12 @@ class ARPO(Algorithm):
     def sample_trees(self) -> list[RolloutBatch]:
         """One ``RolloutBatch`` from every EnvRunner; their metrics go to ``env_runners/``, and the
         prompts, generated tokens and executed tool calls of every round of the iteration (DAPO
-        may sample several) add up in ``self.sampled`` (logged as ``sampled/``)."""
+        may sample several) add up in ``self.sampled`` (logged as ``sampled/``). A batch more than
+        ``max_staleness`` versions behind the learner raises (``rollout_pipeline.batch_staleness``)."""
         batches = self.sample_rollouts()
+        staleness = batch_staleness(batches, self.weights_version, self.config.max_staleness)
         self.metrics.aggregate([batch.runner_metrics for batch in batches], key=ENV_RUNNER_RESULTS)
         self.data_positions.update({batch.runner_index: batch.position for batch in batches})
-        staleness = [self.weights_version - batch.weights_version for batch in batches]
         self.metrics.log_value("staleness_mean", float(np.mean(staleness)), window=1)
         self.metrics.log_value("staleness_max", max(staleness), window=1)
         for tree in (tree for batch in batches for tree in batch.trees):
@@ -408,7 +421,22 @@ class ARPO(Algorithm):
     # --- checkpoints (learner.checkpoint describes the layout) -----------------------------
     def get_state(self, *args, **kwargs) -> dict:
         state = super().get_state(*args, **kwargs)
-        return {**state, "weights_version": self.weights_version, "data_positions": dict(self.data_positions)}
+        return {
+            **state,
+            "weights_version": self.weights_version,
+            "data_positions": dict(self.data_positions),
+            "pipelined_batches": self.pipelined_batches(),
+        }
+
+    def pipelined_batches(self) -> dict[int, list[RolloutBatch | SampleFailure]]:
+        """With ``max_staleness`` K >= 1: the batches sampled ahead and not trained yet, by
+        EnvRunner, once every request in flight has finished. A checkpoint keeps them: sampled
+        again after a restore, they would be sampled with the restored weights, not the K
+        versions older ones an uninterrupted run trains them with."""
+        if self.pipeline is None:
+            return {}
+        self.pipeline.wait_for_in_flight(self.env_runner_group, RESTART_TIMEOUT_S)
+        return {runner: list(results) for runner, results in self.pipeline.finished.items()}
 
     def set_state(self, state: dict) -> None:
         if getattr(self, "pipeline", None) is not None:  # batches sampled from the positions left behind
@@ -416,13 +444,18 @@ class ARPO(Algorithm):
         super().set_state(state)
         self.weights_version = state.get("weights_version", self.weights_version)
         self.data_positions = dict(state.get("data_positions", self.data_positions))
+        pipelined = state.get("pipelined_batches", {})
+        versions = [r.weights_version for results in pipelined.values() for r in results if isinstance(r, RolloutBatch)]
+        # batches sampled ahead under a larger max_staleness than this run's are sampled again
+        if self.pipeline is not None and all(self.weights_version - v <= self.config.max_staleness for v in versions):
+            self.pipeline.finished = {runner: list(results) for runner, results in pipelined.items()}
         self.push_data_positions()
         self.push_policy_weights()
 
     def save_to_path(self, path=None, *args, **kwargs) -> str:
         """RLlib's checkpoint, the learners' own partitions where the backend has them
-        (``LearnerBackend.partitions_directory``: DeepSpeed's) and the policy as a transformers
-        directory under ``policy/``."""
+        (``LearnerBackend.partitions_directory``: DeepSpeed's), the policy as a transformers
+        directory under ``policy/`` and the result rows so far (``results.jsonl``)."""
         path = super().save_to_path(path, *args, **kwargs)
         partitions = LEARNER_BACKENDS.get(self.config.learner_backend).partitions_directory
         if partitions is not None:
@@ -430,11 +463,14 @@ class ARPO(Algorithm):
             self.learner_group.foreach_learner(lambda learner: learner.save_engines(directory))
         weights = policy_weights(self.learner_group)
         export_policy(weights, self.config.model_path, Path(path) / POLICY_DIRECTORY, self.config.dtype)
+        (Path(path) / RESULTS_FILE).write_text("".join(row + "\n" for row in self.result_rows))
         write_manifest(path)
         return path
 
     def restore_from_path(self, path, *args, **kwargs) -> None:
         super().restore_from_path(path, *args, **kwargs)
+        if (Path(path) / RESULTS_FILE).is_file():
+            self.result_rows = (Path(path) / RESULTS_FILE).read_text().splitlines()
         partitions = LEARNER_BACKENDS.get(self.config.learner_backend).partitions_directory
         if partitions is not None and (Path(path) / partitions).is_dir():
             directory = str(Path(path) / partitions)
@@ -484,8 +520,13 @@ class ARPO(Algorithm):
 
     def push_data_positions(self, runner_ids: list[int] | None = None) -> None:
         """Move every EnvRunner (or the remote ones of ``runner_ids``) to its data position after
-        its last sample that reached the learner (after a restore or a restart)."""
-        positions = self.data_positions
+        its last sample that reached the learner, or after the batches sampled ahead that the
+        pipeline holds for it (restored from a checkpoint), after a restore or a restart."""
+        positions = dict(self.data_positions)
+        for runner, results in (self.pipeline.finished if self.pipeline is not None else {}).items():
+            batches = [result for result in results if isinstance(result, RolloutBatch)]
+            if batches:
+                positions[runner] = max((batch.position for batch in batches), key=lambda position: position.samples)
 
         def seek(runner):
             runner.seek(positions.get(runner.worker_index or 0, DataPosition()))

@@ -101,6 +101,7 @@ def train_file(
 
     from rllib_arpo.algorithm import TRAINABLES
     from rllib_arpo.eval.report import write_report
+    from rllib_arpo.tune_logs import trial_loggers
 
     owns_ray = not ray.is_initialized()
     failed = 0
@@ -117,6 +118,7 @@ def train_file(
                 stop=experiment.get("stop"),
                 storage_path=str(storage),
                 checkpoint_config=tune.CheckpointConfig(**(experiment.get("checkpoint_config") or {})),
+                callbacks=trial_loggers(),
                 verbose=1,
             )
             tuner = tune.Tuner(
@@ -148,7 +150,8 @@ def train_file(
 def _restored_tuner(experiment_path: Path, run: str, param_space: dict):
     """Tune's experiment at ``experiment_path``, to be continued: unfinished and errored trials go
     on from their latest checkpoint (model, optimizer, data position, RNG states), finished trials
-    stay finished."""
+    stay finished. Its logs keep a row for every iteration up to that checkpoint (the callbacks of
+    the first run, ``tune_logs.trial_loggers``, come back with the experiment)."""
     from ray import tune
 
     if not tune.Tuner.can_restore(str(experiment_path)):

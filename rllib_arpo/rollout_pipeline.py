@@ -8,9 +8,10 @@ on it at once; only then do the learners update and the new weights go out, and 
 that request. So:
 
 - a batch is trained with weights exactly K versions newer than those it was sampled with, once
-  the pipeline is full (the first K iterations train on fresher ones), never more; every batch
-  carries the version it was sampled with (``RolloutBatch.weights_version``) and the driver logs
-  the staleness it trains on (``staleness_mean``, ``staleness_max``);
+  the pipeline is full (the first K iterations train on fresher ones: staleness 0, 1, ..., K, K,
+  ...), never more; every batch carries the version it was sampled with
+  (``RolloutBatch.weights_version``), the driver logs the staleness it trains on
+  (``staleness_mean``, ``staleness_max``) and refuses a batch staler than K (``batch_staleness``);
 - a weight sync neither interrupts a ``sample()`` nor is lost: the engine loads the new weights
   between two requests, so a tree, every branch of it included, and every trajectory in the middle
   of a tool call are sampled with one weights version;
@@ -21,8 +22,10 @@ that request. So:
   the clip is taken around the sampling policy itself.
 
 Nothing is lost or trained twice: ``ARPO.data_positions`` records an EnvRunner's data position
-when one of its batches reaches the learner, so after a restore, or an EnvRunner's restart, the
-requests that were in flight are sampled again from there (``forget``).
+when one of its batches reaches the learner, so after an EnvRunner's restart the requests that
+were in flight are sampled again from there (``forget``). A checkpoint waits for the requests in
+flight and keeps their batches (``ARPO.get_state``), so a resumed run trains the very batches an
+uninterrupted one does, sampled with the same older weights.
 """
 
 from __future__ import annotations
@@ -56,6 +59,28 @@ def sample_or_failure(runner) -> RolloutBatch | SampleFailure:
         return batch
     except Exception:
         return SampleFailure(runner.worker_index, traceback.format_exc())
+
+
+def batch_staleness(batches: list[RolloutBatch], weights_version: int, max_staleness: int) -> list[int]:
+    """How many versions each batch's weights are behind ``weights_version``, the learner's.
+
+    Raises RuntimeError, naming the EnvRunner, when a batch is more than ``max_staleness`` (K)
+    versions behind, so that it is never trained. Such a batch can only come from a bug: the queue
+    order above bounds the staleness by K, and an EnvRunner whose ``set_state`` fails (a refused
+    delta, say) does not keep sampling with its old weights: RLlib ends an actor on any exception in
+    a call, and the driver restarts it with the current ones (``ARPO.restore_env_runners``).
+    Dropping the batch and sampling again would hide that bug and skip the batch's prompts
+    (already drawn), so the run stops instead of training further off-policy than K allows.
+    """
+    staleness = [weights_version - batch.weights_version for batch in batches]
+    for batch, behind in zip(batches, staleness):
+        if behind > max_staleness:
+            raise RuntimeError(
+                f"EnvRunner {batch.runner_index} sampled a batch with weights version {batch.weights_version}, "
+                f"{behind} behind the learner's {weights_version} (max_staleness {max_staleness}): "
+                "the later weights never reached it, which the pipeline's order rules out (a bug); not trained"
+            )
+    return staleness
 
 
 def _queue_order(result: RolloutBatch | SampleFailure) -> int:
@@ -118,13 +143,18 @@ class RolloutPipeline:
             self.in_flight.pop(i, None)
             self.finished.pop(i, None)
 
-    def drain(self, env_runner_group, timeout_s: float) -> None:
-        """Wait for every request in flight and drop all results (before the EnvRunners are moved
-        to other data positions, e.g. by a restore)."""
+    def wait_for_in_flight(self, env_runner_group, timeout_s: float) -> None:
+        """Wait until every request in flight has finished and its result is filed (before a
+        checkpoint keeps the results)."""
         deadline = time.monotonic() + timeout_s
         while any(self.in_flight.values()) and time.monotonic() < deadline:
             self._forget_unhealthy(env_runner_group)
             self._collect_ready(env_runner_group)
+
+    def drain(self, env_runner_group, timeout_s: float) -> None:
+        """Wait for every request in flight and drop all results (before the EnvRunners are moved
+        to other data positions, e.g. by a restore)."""
+        self.wait_for_in_flight(env_runner_group, timeout_s)
         self.forget(list(self.in_flight) + list(self.finished))
 
     def _forget_unhealthy(self, env_runner_group) -> set[int]:

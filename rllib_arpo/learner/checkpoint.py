@@ -11,6 +11,8 @@ A checkpoint of ``ARPO`` (``algo.save_to_path(path)``, or Tune's ``checkpoint_co
                                              config, tokenizer) in the engines' dtype: serve it or
                                              load it with from_pretrained
       state.pkl                              iteration, weights version, each EnvRunner's data position
+      results.jsonl                          the trial's result rows up to this checkpoint, as Tune
+                                             logs them (tune_logs rebuilds the logs from them)
       manifest.json                          every other file's size, written last
 
 Resuming from it continues exactly: the same next prompts (each EnvRunner's shard position and
@@ -35,6 +37,7 @@ from safetensors.torch import load_file, save_file
 
 WEIGHTS_FILE = "model.safetensors"
 POLICY_DIRECTORY = "policy"
+RESULTS_FILE = "results.jsonl"
 MANIFEST_FILE = "manifest.json"
 # the directories Tune writes a trial's checkpoints to: checkpoint_000000, checkpoint_000001, ...
 CHECKPOINT_DIRECTORY = re.compile(r"checkpoint_(\d+)")
@@ -151,3 +154,15 @@ def latest_complete_checkpoint(checkpoints: dict[int, Path]) -> tuple[Path | Non
             return path, passed_over[::-1]
         passed_over.append((path, problem))
     return None, passed_over[::-1]
+
+
+def results_up_to(trial_dir: str | Path, iteration: int) -> list[str] | None:
+    """The result rows (JSON lines) of iterations 1..``iteration`` kept by the complete checkpoint
+    of that iteration in a Tune trial's directory (the newest one if several), or None if none
+    keeps them."""
+    for path in reversed(checkpoints_in(trial_dir).values()):
+        if checkpoint_problem(path) is None and (path / RESULTS_FILE).is_file():
+            lines = (path / RESULTS_FILE).read_text().splitlines()
+            if lines and json.loads(lines[-1])["training_iteration"] == iteration:
+                return lines
+    return None

@@ -1,12 +1,16 @@
-"""Pipelined rollouts (``max_staleness: 1``): the EnvRunners sample the next batch while the
-learner updates; each batch is trained one weights version after the one it was sampled with;
-no prompt is skipped or trained twice, across a checkpoint and a restore included."""
+"""Pipelined rollouts (``max_staleness`` K >= 1): the EnvRunners sample the next batches while the
+learner updates; once the pipeline is full each batch is trained K weights versions after the one
+it was sampled with; no prompt is skipped or trained twice, across a checkpoint and a restore
+included; every weight sync works pipelined; the stale-batch correction engages on stale batches."""
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
 
+import pytest
+import torch
 from ray import cloudpickle
 
 from rllib_arpo.rollout.env_runner import ARPOEnvRunner, DataPosition
@@ -82,7 +86,8 @@ def test_pipelined_batches_are_one_version_stale_and_every_prompt_is_trained_onc
         assert [s["weights"] for s in sampled] == [0, 0, 1, 2]
     assert positions == {1: DataPosition(3, 6), 2: DataPosition(3, 6)}  # the batch in flight is not trained
 
-    # restored, the run samples the prompts that were in flight again: none skipped, none twice
+    # the checkpoint kept the batch that was in flight: restored, the run trains it (sampled with
+    # weights 2, as an uninterrupted run would) and samples on from after it: none skipped, none twice
     RecordsSamples.log_file = str(tmp_path / "restored.jsonl")
     algo = config.copy().learners(max_staleness=1).build_algo()
     try:
@@ -91,18 +96,14 @@ def test_pipelined_batches_are_one_version_stale_and_every_prompt_is_trained_onc
         restored_positions = dict(algo.data_positions)
     finally:
         algo.stop()
-    assert result["weights_version"] == 4 and result["staleness_max"] == 0
+    assert result["weights_version"] == 4 and result["staleness_max"] == 1
     assert restored_positions == {1: DataPosition(4, 8), 2: DataPosition(4, 8)}
     for runner in (1, 2):
-        in_flight = samples_of(tmp_path / "pipelined.jsonl", runner)[3]
         first_after_restore = samples_of(tmp_path / "restored.jsonl", runner)[0]
-        assert first_after_restore["prompts"] == in_flight["prompts"]
-        assert first_after_restore["position"] == [4, 8] and first_after_restore["weights"] == 3
+        assert first_after_restore["position"] == [5, 10] and first_after_restore["weights"] == 3
 
 
 def test_max_staleness_needs_remote_env_runners(small_config):
-    import pytest
-
     with pytest.raises(ValueError, match="max_staleness 1 needs num_env_runners >= 1"):
         small_config.learners(max_staleness=1).validate()
 
@@ -133,3 +134,67 @@ def test_a_runner_killed_with_requests_in_flight_samples_them_again(ray_session,
     assert [s["prompts"] for s in trained[1]] == expected
     assert positions == {1: DataPosition(3, 6), 2: DataPosition(3, 6)}
     assert [r["weights_version"] for r in results] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("weight_sync", ["object_store_delta", "broadcast"])
+def test_two_versions_stale_pipeline_syncs_bfloat16_engines_bit_exact(
+    ray_session, small_config, learner_weights, engine_weights, weight_sync
+):
+    """K = 2 with each pipelined weight sync: the staleness climbs 0, 1, 2 and stays at K; the
+    engines end at the learner's last weights, bit for bit in their dtype. AdamW's weight decay
+    scales every float32 master weight by 1 - lr * weight_decay = 0.9995 per update, and its
+    gradient step (if the rewards differ at all) moves a weight by about lr = 1e-5: for most
+    elements a change under half a bfloat16 ulp, so after the first (full) send a delta is sparse."""
+    config = (
+        small_config.policy(dtype="bfloat16")
+        .env_runners(num_env_runners=1)
+        .learners(max_staleness=2, weight_sync=weight_sync)
+        .training(lr=1e-5, weight_decay=50.0)
+    )
+    algo = config.build_algo()
+    try:
+        [(_, initial)] = engine_weights(algo)
+        results = [algo.train() for _ in range(4)]
+        learner = learner_weights(algo)
+        # queued behind the sample() requests in flight and the last sync
+        [(version, weights)] = engine_weights(algo)
+    finally:
+        algo.stop()
+    assert [r["staleness_max"] for r in results] == [0, 1, 2, 2]
+    assert [r["weights_version"] for r in results] == [1, 2, 3, 4]
+    assert version == 4 and weights.keys() == learner.keys()
+    for name, tensor in weights.items():
+        assert torch.equal(tensor, learner[name].bfloat16()), name
+    assert any(not torch.equal(tensor, initial[name]) for name, tensor in weights.items())
+    if weight_sync == "object_store_delta":
+        full_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+        sent = [r["weight_sync_bytes"] for r in results]
+        assert sent[0] == full_bytes
+        assert all(0 < size < full_bytes for size in sent[1:]), (sent, full_bytes)
+
+
+def test_truncated_importance_weights_engage_on_stale_batches(ray_session, small_config):
+    """K = 1 with the decoupled correction (``old_logprobs: learner``, ``tis_cap`` C = 1.05): the
+    learner's lr and weight decay scale every weight by 1 - 0.3 * 0.5 = 0.85 per update, so a batch
+    one version stale was sampled by a policy that really differs from the learner's, and the
+    truncation min(pi_learner / pi_engine, C) bites there; on the first, fresh batch it cannot."""
+    cap = 1.05
+    config = (
+        small_config.env_runners(num_env_runners=1)
+        .learners(max_staleness=1)
+        .training(lr=0.3, weight_decay=0.5, old_logprobs="learner", tis_cap=cap)
+    )
+    algo = config.build_algo()
+    try:
+        results = [algo.train() for _ in range(3)]
+    finally:
+        algo.stop()
+    assert [r["staleness_max"] for r in results] == [0, 1, 1]
+    fresh, *stale = [r["learners"]["default_policy"] for r in results]
+    # same weights on both sides: every |log pi_learner - log pi_engine| <= logprob_mismatch_max_abs
+    # (float32 rounding, about 1e-6), far below log C = 0.049, so no weight reaches C
+    assert fresh["logprob_mismatch_max_abs"] < math.log(cap)
+    assert fresh["tis_truncated_fraction"] == 0
+    for metrics in stale:
+        assert metrics["logprob_mismatch_max_abs"] > math.log(cap)
+        assert metrics["tis_truncated_fraction"] > 0 and metrics["tis_weight_mean"] < 1, metrics

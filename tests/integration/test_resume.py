@@ -1,9 +1,11 @@
-"""Checkpoints: a run interrupted after a checkpoint and continued with ``rllib train file X.yaml
---resume`` makes the same iterations (same prompts, rollouts, losses) and ends with the same
-weights as a run that was never interrupted; every checkpoint exports the policy as a
-transformers directory. After a hard kill, ``--resume`` continues from the latest complete
-checkpoint on disk and overwrites none."""
+"""Checkpoints: a run interrupted after a checkpoint (Ctrl-C, or a hard kill, synchronous or
+pipelined) and continued with ``rllib train file X.yaml --resume`` makes the same iterations (same
+prompts, rollouts, losses, held-out figures) and ends with the same weights as a run that was
+never interrupted; every checkpoint exports the policy as a transformers directory. After a hard
+kill, ``--resume`` continues from the latest complete checkpoint on disk and overwrites none, and
+the run's result.json, progress.csv and TensorBoard events hold every iteration once."""
 
+import csv
 import json
 import os
 import signal
@@ -12,12 +14,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rllib_arpo.cli import main
 from rllib_arpo.learner.checkpoint import checkpoint_problem, checkpoints_in
 
 ITERATIONS = 3
+KILLED_RUN_ITERATIONS = 5
 # a k1 KL penalty has a gradient even where every reward is equal (the untrained policy's): the
 # weights and AdamW's moments change every iteration, so a lost optimizer state shows
 EXPERIMENT = """
@@ -36,6 +41,9 @@ resume-test:
     lr: 0.001
     kl_coef: 0.1
     kl_kind: k1
+    held_out_interval: 2
+    held_out_size: 4
+    max_staleness: {max_staleness}
     seed: 0
   checkpoint_config: {{checkpoint_frequency: 1}}
 """
@@ -47,12 +55,48 @@ def results_of(storage: Path) -> list[dict]:
 
 
 def iteration_summary(result: dict) -> tuple:
-    """What the iteration's prompts and weights determine: rollouts, rewards, losses."""
+    """What the iteration's prompts and weights determine: rollouts, rewards, losses, held-out figures."""
     runners, learner = result["env_runners"], result["learners"]["default_policy"]
     return (
         result["training_iteration"], result["weights_version"], runners["generated_tokens"],
         runners["reward_mean"], runners["branches"], learner["kl"], learner["total_loss"],
+        result.get("evaluation_before_training"), result.get("evaluation"),
     )  # fmt: skip
+
+
+def policy_weights_at(storage: Path, checkpoint: str) -> dict:
+    from safetensors.torch import load_file
+
+    [policy] = storage.glob(f"resume-test/*/{checkpoint}/policy")
+    return load_file(policy / "model.safetensors")
+
+
+def assert_same_weights(weights: dict, expected: dict) -> None:
+    assert weights.keys() == expected.keys()
+    assert all(torch.equal(weights[k], v) for k, v in expected.items())
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_run(ray_session, tiny_model_path, tmp_path_factory):
+    """``uninterrupted_run(max_staleness)``: the storage path of a run of ``KILLED_RUN_ITERATIONS``
+    that nobody stopped (made on first use, once per module)."""
+    runs = {}
+
+    def run(max_staleness: int) -> Path:
+        if max_staleness not in runs:
+            directory = tmp_path_factory.mktemp(f"uninterrupted_{max_staleness}")
+            experiment = directory / "experiment.yaml"
+            experiment.write_text(
+                EXPERIMENT.format(
+                    iterations=KILLED_RUN_ITERATIONS, model_path=tiny_model_path, max_staleness=max_staleness
+                )
+            )
+            storage = directory / "storage"
+            assert main(["train", "file", str(experiment), "--storage-path", str(storage)]) == 0
+            runs[max_staleness] = storage
+        return runs[max_staleness]
+
+    return run
 
 
 def interrupt_after_first_checkpoint(experiment: str, storage: Path) -> None:
@@ -72,34 +116,28 @@ def interrupt_after_first_checkpoint(experiment: str, storage: Path) -> None:
             process.kill()
 
 
-def test_resume_continues_exactly_as_an_uninterrupted_run(ray_session, tiny_model_path, tmp_path):
-    from safetensors.torch import load_file
+def test_resume_continues_exactly_as_an_uninterrupted_run(uninterrupted_run, tiny_model_path, tmp_path):
     from transformers import AutoModelForCausalLM
 
     experiment = tmp_path / "experiment.yaml"
-    experiment.write_text(EXPERIMENT.format(iterations=ITERATIONS, model_path=tiny_model_path))
+    experiment.write_text(EXPERIMENT.format(iterations=ITERATIONS, model_path=tiny_model_path, max_staleness=0))
 
     interrupted = tmp_path / "interrupted"
     interrupt_after_first_checkpoint(str(experiment), interrupted)
     done_before_resume = len(results_of(interrupted))
     assert 1 <= done_before_resume < ITERATIONS
     assert main(["train", "file", str(experiment), "--storage-path", str(interrupted), "--resume"]) == 0
-    uninterrupted = tmp_path / "uninterrupted"
-    assert main(["train", "file", str(experiment), "--storage-path", str(uninterrupted)]) == 0
 
-    expected = [iteration_summary(r) for r in results_of(uninterrupted)]
-    resumed = {r["training_iteration"]: iteration_summary(r) for r in results_of(interrupted)}
+    # the uninterrupted run goes on longer: its first ITERATIONS are the same
+    expected = [iteration_summary(r) for r in results_of(uninterrupted_run(0))[:ITERATIONS]]
     assert [r[0] for r in expected] == list(range(1, ITERATIONS + 1))
-    assert [resumed[i] for i in range(1, ITERATIONS + 1)] == expected
+    assert [iteration_summary(r) for r in results_of(interrupted)] == expected
 
     last = f"checkpoint_{ITERATIONS - 1:06d}"
-    [expected_policy] = uninterrupted.glob(f"resume-test/*/{last}/policy")
-    [resumed_policy] = interrupted.glob(f"resume-test/*/{last}/policy")
-    expected_weights = load_file(expected_policy / "model.safetensors")
-    resumed_weights = load_file(resumed_policy / "model.safetensors")
-    assert expected_weights.keys() == resumed_weights.keys()
-    assert all(torch.equal(resumed_weights[k], v) for k, v in expected_weights.items())
+    resumed_weights = policy_weights_at(interrupted, last)
+    assert_same_weights(resumed_weights, policy_weights_at(uninterrupted_run(0), last))
     # the exported policy is a transformers directory with those weights
+    [resumed_policy] = interrupted.glob(f"resume-test/*/{last}/policy")
     model = AutoModelForCausalLM.from_pretrained(resumed_policy)
     state = model.state_dict()
     assert all(torch.equal(state[k], v) for k, v in resumed_weights.items())
@@ -109,7 +147,7 @@ def test_resume_continues_exactly_as_an_uninterrupted_run(ray_session, tiny_mode
 
 def test_resume_without_a_previous_run_says_what_to_do(tmp_path, capsys):
     experiment = tmp_path / "experiment.yaml"
-    experiment.write_text(EXPERIMENT.format(iterations=1, model_path="tiny"))
+    experiment.write_text(EXPERIMENT.format(iterations=1, model_path="tiny", max_staleness=0))
     assert main(["train", "file", str(experiment), "--storage-path", str(tmp_path / "none"), "--resume"]) == 2
     assert "--resume: no experiment to resume at" in capsys.readouterr().err
 
@@ -124,13 +162,36 @@ def files_of(directories) -> dict[Path, tuple[int, int]]:
     }
 
 
-def test_resume_after_sigkill_takes_the_latest_complete_checkpoint_and_overwrites_none(tiny_model_path, tmp_path):
+def tensorboard_steps(trial_dir: Path, tag: str) -> list[int]:
+    # purge_orphaned_data off: a step written twice shows twice
+    events = EventAccumulator(str(trial_dir), purge_orphaned_data=False)
+    events.Reload()
+    return [event.step for event in events.Scalars(tag)]
+
+
+@pytest.mark.parametrize("max_staleness", [0, 1], ids=["synchronous", "pipelined"])
+def test_resume_after_sigkill_goes_on_as_an_uninterrupted_run_and_keeps_every_row(
+    max_staleness, uninterrupted_run, tiny_model_path, tmp_path
+):
+    """The kill falls between two saves of Tune's experiment state (saved once, at the start),
+    the latest checkpoint is cut short: ``--resume`` takes the one before and passes over it,
+    overwrites nothing, and its logs hold every iteration once (those up to the checkpoint come
+    from it); rows, held-out figures and final weights equal those of a run never stopped."""
+    iterations = KILLED_RUN_ITERATIONS
     experiment = tmp_path / "experiment.yaml"
-    experiment.write_text(EXPERIMENT.format(iterations=8, model_path=tiny_model_path))
+    experiment.write_text(
+        EXPERIMENT.format(iterations=iterations, model_path=tiny_model_path, max_staleness=max_staleness)
+    )
     storage = tmp_path / "killed"
     command = [sys.executable, "-m", "rllib_arpo.cli", "train", "file", str(experiment), "--storage-path", str(storage)]
     # the driver and the Ray it started, all killed at once as a preempted node would be
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "3600"},
+    )
     try:
         while not list(storage.glob("resume-test/*/checkpoint_000002/manifest.json")):
             assert process.poll() is None, "the run ended before its third checkpoint"
@@ -139,6 +200,8 @@ def test_resume_after_sigkill_takes_the_latest_complete_checkpoint_and_overwrite
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=60)
     [trial_dir] = storage.glob("resume-test/*/")
+    stored_rows = trial_dir / "result.json"
+    assert not stored_rows.exists() or not stored_rows.read_text()  # Tune had copied no row to storage
     checkpoints = checkpoints_in(trial_dir)
     complete = [number for number, path in checkpoints.items() if checkpoint_problem(path) is None]
     truncated = checkpoints[complete[-1]] / "learner_group/learner/rl_module/default_policy/model.safetensors"
@@ -146,8 +209,6 @@ def test_resume_after_sigkill_takes_the_latest_complete_checkpoint_and_overwrite
         weights.truncate(1000)
     expected = checkpoints[complete[-2]]
     before = files_of(checkpoints.values())
-    # Tune copies results from its staging directory now and then: a kill may leave none on disk
-    results_before = len(results_of(storage)) if list(storage.glob("resume-test/*/result.json")) else 0
 
     resumed = subprocess.run(
         [*command, "--resume"], capture_output=True, text=True, timeout=600, start_new_session=True
@@ -159,9 +220,24 @@ def test_resume_after_sigkill_takes_the_latest_complete_checkpoint_and_overwrite
     )
     iteration = complete[-2] + 1  # checkpoint_00000i is written after iteration i + 1
     assert f"restored from {expected}, the latest complete checkpoint (iteration {iteration})" in output
-    results = results_of(storage)
-    assert [r["training_iteration"] for r in results[results_before:]] == list(range(iteration + 1, 9))
     # nothing that was on disk changed; the new checkpoints are numbered after the old ones
     assert files_of(checkpoints.values()) == before
     new = sorted(set(checkpoints_in(trial_dir)) - set(checkpoints))
     assert new == list(range(max(checkpoints) + 1, max(checkpoints) + 1 + len(new))) and new
+
+    # every iteration once in every log
+    results = results_of(storage)
+    assert [r["training_iteration"] for r in results] == list(range(1, iterations + 1))
+    with (trial_dir / "progress.csv").open(newline="") as progress:
+        assert [row["training_iteration"] for row in csv.DictReader(progress)] == [
+            str(i) for i in range(1, iterations + 1)
+        ]
+    assert tensorboard_steps(trial_dir, "ray/tune/weights_version") == list(range(1, iterations + 1))
+
+    # the same iterations and final weights as a run never stopped
+    uninterrupted = uninterrupted_run(max_staleness)
+    assert [iteration_summary(r) for r in results] == [iteration_summary(r) for r in results_of(uninterrupted)]
+    assert_same_weights(
+        policy_weights_at(storage, f"checkpoint_{max(new):06d}"),
+        policy_weights_at(uninterrupted, f"checkpoint_{iterations - 1:06d}"),
+    )

@@ -1,12 +1,16 @@
 """rollout_pipeline.RolloutPipeline against a stand-in for RLlib's EnvRunnerGroup: K requests kept
-queued per EnvRunner, the oldest result handed out first, a dead EnvRunner's requests forgotten."""
+queued per EnvRunner, the oldest result handed out first, a dead EnvRunner's requests forgotten; a
+batch staler than K refused."""
+
+import pytest
 
 from rllib_arpo.rollout.env_runner import DataPosition, RolloutBatch
-from rllib_arpo.rollout_pipeline import SAMPLE_TAG, RolloutPipeline, SampleFailure
+from rllib_arpo.rollout_pipeline import SAMPLE_TAG, RolloutPipeline, SampleFailure, batch_staleness
 
 
-def batch(runner: int, samples: int) -> RolloutBatch:
-    return RolloutBatch([], [], [], 0, 0, runner_index=runner, position=DataPosition(samples, 2 * samples))
+def batch(runner: int, samples: int, weights_version: int = 0) -> RolloutBatch:
+    position = DataPosition(samples, 2 * samples)
+    return RolloutBatch([], [], [], weights_version, 0, runner_index=runner, position=position)
 
 
 class EnvRunnerGroupStandIn:
@@ -58,3 +62,12 @@ def test_a_dead_runner_is_left_out_and_forgotten_and_a_failure_comes_first():
     assert 2 not in pipeline.in_flight and 2 not in pipeline.finished
     pipeline.forget([1])
     assert not pipeline.in_flight and not pipeline.finished
+
+
+def test_a_batch_more_than_k_versions_stale_is_refused():
+    batches = [batch(1, 3, weights_version=5), batch(2, 3, weights_version=3)]
+    assert batch_staleness(batches, weights_version=5, max_staleness=2) == [0, 2]
+    with pytest.raises(RuntimeError, match="EnvRunner 2 sampled a batch with weights version 3, 3 behind"):
+        batch_staleness(batches, weights_version=6, max_staleness=2)
+    with pytest.raises(RuntimeError, match=r"EnvRunner 1 .* 1 behind the learner's 6 \(max_staleness 0\)"):
+        batch_staleness(batches[:1], weights_version=6, max_staleness=0)
