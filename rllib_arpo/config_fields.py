@@ -49,9 +49,9 @@ class PolicySettings:
 
     model_path: str | None = setting(
         None,
-        "A `save_pretrained` directory, or a model built on first use: `tiny` (the embedded policy), "
-        "`smollm2-135m` (SmolLM2-135M-Instruct). A relative path is looked up beside the experiment file, "
-        "then in the launch directory.",
+        "A `save_pretrained` directory, or a named model: `tiny` (the embedded task's policy, shipped with the "
+        "package), `smollm2-135m` (SmolLM2-135M-Instruct, built on first use). A relative path is looked up "
+        "beside the experiment file, then in the launch directory.",
     )
     dtype: str = setting(
         "float32",

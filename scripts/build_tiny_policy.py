@@ -4,6 +4,13 @@
 
 The directory is a standard ``save_pretrained`` directory (``AutoModelForCausalLM``,
 ``AutoTokenizer``, vLLM). ``--sft-steps 0`` saves the random initialisation.
+
+The package ships this build, with the default arguments, as ``model_path: tiny``
+(``rllib_arpo/models/shipped_tiny_policy``): the warm start is sensitive to float rounding, so
+another CPU builds a slightly different policy. To ship a new build, write it there (``--out
+rllib_arpo/models/shipped_tiny_policy``), then update ``GREEDY_ANSWERS`` in
+``tests/unit/test_shipped_tiny_policy.py`` and the laptop demo's figures (README,
+docs/benchmarks.md).
 """
 
 from __future__ import annotations

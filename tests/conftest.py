@@ -58,22 +58,20 @@ def arpo_data():
 
 @pytest.fixture(scope="session")
 def tiny_policy_cache(tmp_path_factory):
-    """A cache directory holding the embedded tiny policy (what ``model_path: tiny`` resolves to)."""
-    from rllib_arpo.models.cache import TINY_POLICY_DIRECTORY
-    from rllib_arpo.models.tiny_policy import save_tiny_policy
-
+    """The session's own model cache (``RLLIB_ARPO_CACHE``), empty: ``model_path: tiny`` is the
+    policy shipped with the package and builds nothing, and whatever else a test builds stays out
+    of ``~/.cache/rllib_arpo``."""
     cache = tmp_path_factory.mktemp("rllib_arpo_cache")
     os.environ["RLLIB_ARPO_CACHE"] = str(cache)
-    # without the warm start: the plumbing under test does not need a policy that can answer
-    save_tiny_policy(cache / TINY_POLICY_DIRECTORY, sft_steps=0, progress=False)
     return cache
 
 
 @pytest.fixture(scope="session")
 def tiny_model_path(tiny_policy_cache):
-    from rllib_arpo.models.cache import TINY_POLICY_DIRECTORY
+    """The shipped tiny policy's directory (what ``model_path: tiny`` resolves to)."""
+    from rllib_arpo.models.cache import SHIPPED_TINY_POLICY
 
-    return str(tiny_policy_cache / TINY_POLICY_DIRECTORY)
+    return str(SHIPPED_TINY_POLICY)
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
-"""Named policies in a local cache: ``model_path: tiny`` or ``model_path: smollm2-135m`` resolves
-to a directory under ``$RLLIB_ARPO_CACHE`` (default ``~/.cache/rllib_arpo``), built there on first
-use; any other ``model_path`` is a ``save_pretrained`` directory, or a Hugging Face hub id
-(``org/name``), used as it is. ``check_model_path`` is the one check of a ``model_path``."""
+"""Named policies: ``model_path: tiny`` is the policy shipped with the package
+(``SHIPPED_TINY_POLICY``); ``model_path: smollm2-135m`` resolves to a directory under
+``$RLLIB_ARPO_CACHE`` (default ``~/.cache/rllib_arpo``), built there on first use; any other
+``model_path`` is a ``save_pretrained`` directory, or a Hugging Face hub id (``org/name``), used as
+it is. ``check_model_path`` is the one check of a ``model_path``."""
 
 from __future__ import annotations
 
@@ -14,10 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 TINY_POLICY_NAME = "tiny"
-TINY_POLICY_DIRECTORY = "tiny_policy_v5"
-"""Versioned, so an older cache is never reused: v4 added the copy drill before the warm start; v5
-is built with the full-logits SFT loss (a v4 built after the trained-positions-only loss came in
-answers almost nothing)."""
+SHIPPED_TINY_POLICY = Path(__file__).resolve().parent / "shipped_tiny_policy"
+"""The tiny policy as ``scripts/build_tiny_policy.py`` builds it (``models.tiny_policy.save_tiny_policy``
+with its defaults), shipped with the package (1.6 MB). Its warm start is sensitive to float
+rounding, so each CPU would build a slightly different policy (the laptop demo's held-out accuracy
+before training: 0.432 with one CPU's build, 0.417 with another's); the shipped copy gives every
+machine the same policy, with no build on first use. The build from scratch stays: the script, or
+``load_or_build_tiny_policy`` into any directory."""
 
 SMOLLM2_NAME = "smollm2-135m"
 SMOLLM2_DIRECTORY = "smollm2_135m_instruct_v1"
@@ -59,23 +63,22 @@ def build_once(directory: str | Path, build: Callable[[Path], None], announce: s
     return directory
 
 
-def _build_tiny(directory: Path) -> None:
-    from rllib_arpo.models.tiny_policy import load_or_build_tiny_policy
-
-    load_or_build_tiny_policy(directory)
+def _shipped_tiny_policy() -> Path:
+    return SHIPPED_TINY_POLICY
 
 
-def _build_smollm2(directory: Path) -> None:
+def _cached_smollm2() -> Path:
     from rllib_arpo.models.smollm2 import load_or_build_smollm2
 
-    load_or_build_smollm2(directory)
+    return load_or_build_smollm2(cache_dir() / SMOLLM2_DIRECTORY)
 
 
-NAMED_MODELS: dict[str, tuple[str, Callable[[Path], None]]] = {
-    TINY_POLICY_NAME: (TINY_POLICY_DIRECTORY, _build_tiny),
-    SMOLLM2_NAME: (SMOLLM2_DIRECTORY, _build_smollm2),
+NAMED_MODELS: dict[str, Callable[[], Path]] = {
+    TINY_POLICY_NAME: _shipped_tiny_policy,
+    SMOLLM2_NAME: _cached_smollm2,
 }
-"""``model_path`` name -> (cache subdirectory, function that builds the model there if missing)."""
+"""``model_path`` name -> function that returns the model's directory (building it there first
+when it is a cached model and missing)."""
 
 
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -113,12 +116,9 @@ def check_model_path(model_path: str | None) -> None:
 
 
 def resolve_model_path(model_path: str) -> str:
-    """``model_path`` checked (``check_model_path``); a named model becomes its cache directory
-    (built if missing), any other is returned as it is."""
+    """``model_path`` checked (``check_model_path``); a named model becomes its directory (the
+    shipped one, or its cache directory, built if missing), any other is returned as it is."""
     check_model_path(model_path)
     if model_path in NAMED_MODELS:
-        directory_name, build = NAMED_MODELS[model_path]
-        directory = cache_dir() / directory_name
-        build(directory)
-        return str(directory)
+        return str(NAMED_MODELS[model_path]())
     return model_path

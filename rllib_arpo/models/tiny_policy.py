@@ -17,9 +17,10 @@ real checkpoint.
 - head_dim = hidden_size / num_heads is fixed at 64 because vLLM's CPU attention kernels do not
   support smaller heads.
 
-``build_tiny_policy`` gives a random initialisation; ``save_tiny_policy`` (and so the cached
-``model_path: tiny``) saves it after the cold-start SFT of ``models.warm_start``, so the saved
-policy follows the tag format but is often wrong.
+``build_tiny_policy`` gives a random initialisation; ``save_tiny_policy`` saves it after the
+cold-start SFT of ``models.warm_start``, so the saved policy follows the tag format but is often
+wrong. ``model_path: tiny`` is that policy as built once and shipped with the package
+(``models.cache.SHIPPED_TINY_POLICY``), since each CPU's float rounding builds a slightly different one.
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ def load_or_build_tiny_policy(
     The build is atomic (``models.cache.build_once``): parallel Tune trials sharing a cache never
     read a half-written policy.
     """
-    announce = f"Building the warm-started tiny policy into {directory} (first use, a few minutes)"
+    announce = f"Building the warm-started tiny policy into {directory} (a few minutes)"
     build_once(
         directory,
         lambda staging: save_tiny_policy(

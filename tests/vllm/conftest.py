@@ -1,11 +1,9 @@
-"""Shared fixtures of the vLLM tests: one warm-started tiny policy, one vLLM engine, one HF engine.
+"""Shared fixtures of the vLLM tests: the shipped tiny policy, one vLLM engine, one HF engine.
 
-The policy is the project's tiny Qwen2 with a short cold-start SFT (``WARM_START_STEPS``): enough
-for it to follow the tag format (open an arithmetic question with a Python call and write on
-after the result) and for most next-token distributions to be peaked, which the top-k entropy
-comparison needs. The build takes under a minute on two quiet cores and is made once per test
-session, in a temporary directory. vLLM pays 40 to 120 s to start, so the engine is built once
-per test session too.
+The policy is ``model_path: tiny``, warm-started and shipped with the package: it follows the tag
+format (opens an arithmetic question with a Python call and writes on after the result) and most
+of its next-token distributions are peaked, which the top-k entropy comparison needs. vLLM pays
+40 to 120 s to start, so the engine is built once per test session.
 """
 
 from __future__ import annotations
@@ -21,18 +19,15 @@ if importlib.util.find_spec("vllm") is not None:
     # test modules' importorskip skips the tier only where vLLM is not installed at all
     import vllm  # noqa: F401
 
-from rllib_arpo.models.tiny_policy import load_or_build_tiny_policy
+from rllib_arpo.models.cache import SHIPPED_TINY_POLICY
 from rllib_arpo.rollout.hf_engine import HFEngine
 
-WARM_START_STEPS = 400
 LOGPROBS_K = 20
 
 
 @pytest.fixture(scope="session")
-def policy_dir(tmp_path_factory) -> Path:
-    directory = tmp_path_factory.mktemp("vllm_policy") / f"tiny_policy_sft{WARM_START_STEPS}"
-    load_or_build_tiny_policy(directory, sft_steps=WARM_START_STEPS, progress=False)
-    return directory
+def policy_dir() -> Path:
+    return SHIPPED_TINY_POLICY
 
 
 @pytest.fixture(scope="session")
