@@ -124,7 +124,7 @@ class ARPOConfig(AlgorithmConfig):
         return self._set_group("held_out", fields_to_set)
 
     def training(self, **kwargs) -> ARPOConfig:
-        """Set LearningSettings fields and RLlib's own training fields."""
+        """Set TrainingSettings fields and RLlib's own training fields."""
         return self._set_group_and_rllib("training", super().training, kwargs)
 
     def learners(self, **kwargs) -> ARPOConfig:
@@ -173,10 +173,10 @@ class ARPOConfig(AlgorithmConfig):
             check_model_path(self.model_path)
             if not self.temperature > 0:
                 raise ValueError(f"temperature must be > 0 for RL sampling, got {self.temperature}")
-            if self.temperature != 1.0 and (self.old_logprobs != "learner" or self.tis_cap is not None):
+            if self.temperature != 1.0 and (self.old_logprob_source != "learner" or self.tis_cap is not None):
                 raise ValueError(
-                    f"temperature {self.temperature} needs old_logprobs: learner and no tis_cap: the engines report "
-                    "log-probs of the temperature-1 distribution, the learner those of softmax(logits / T)"
+                    f"temperature {self.temperature} needs old_logprob_source: learner and no tis_cap: the engines "
+                    "report log-probs of the temperature-1 distribution, the learner those of softmax(logits / T)"
                 )
             check_batch_fits_in_memory(self)
             # (RLlib's evaluation config, which ARPO does not use, has no EnvRunners of its own)

@@ -125,11 +125,11 @@ class HeldOutSettings:
 
 
 @dataclass(frozen=True)
-class _LearningFields:
+class _TrainingFields:
     """Advantages and the policy loss (RLlib's own `lr`, `grad_clip`, `num_epochs`, `minibatch_size` apply too).
 
     The advantage estimators' own fields (``entropy_advantage_coef``, ``reward_kl_coef``, ...)
-    are declared with the estimators (``core.advantages``) and added in ``LearningSettings``.
+    are declared with the estimators (``core.advantages``) and added in ``TrainingSettings``.
     """
 
     advantage_estimator: str = setting(
@@ -149,7 +149,7 @@ class _LearningFields:
     token_sum_norm: float | None = setting(
         None, "`seq-mean-token-sum`'s constant divisor (Dr.GRPO: the longest response); null: 1."
     )
-    old_logprobs: str = setting(
+    old_logprob_source: str = setting(
         "engine",
         "Where the ratio's pi_old comes from: `engine` (the sampler's log-probs of its tokens) or `learner` "
         "(recomputed by the learner before the update, as verl does: the first ratio is then exactly 1 whatever "
@@ -158,7 +158,7 @@ class _LearningFields:
     tis_cap: float | None = setting(
         None,
         "[C] Truncated importance sampling: each token's policy loss weighted by min(pi_learner / pi_engine, C), "
-        "correcting for tokens the engine drew with other numerics; needs `old_logprobs: learner`; null: off.",
+        "correcting for tokens the engine drew with other numerics; needs `old_logprob_source: learner`; null: off.",
     )
     kl_coef: float = setting(0.0, "Weight of the KL loss term to the initial policy; 0: no reference model.")
     kl_kind: str = setting("k3", f"KL estimator: {', '.join(f'`{name}`' for name in KL_ESTIMATORS)}.")
@@ -178,7 +178,7 @@ class _LearningFields:
 
     def __post_init__(self) -> None:
         _registered("advantage_estimator", ADVANTAGE_ESTIMATORS, self.advantage_estimator)
-        # the estimators' fields (LearningSettings)
+        # the estimators' fields (TrainingSettings)
         _registered("entropy_advantage_base", ADVANTAGE_ESTIMATORS, self.entropy_advantage_base)
         entropy_advantage_base_estimator(self.entropy_advantage_base)
         _registered("policy_loss", POLICY_LOSSES, self.policy_loss)
@@ -191,12 +191,14 @@ class _LearningFields:
                 "clip_eps_low must lie in [0, 1) and clip_eps_high be >= 0, "
                 f"got {self.clip_eps_low}, {self.clip_eps_high}"
             )
-        if self.old_logprobs not in OLD_LOGPROB_SOURCES:
-            raise ValueError(f"old_logprobs must be one of {list(OLD_LOGPROB_SOURCES)}, got {self.old_logprobs!r}")
-        check_tis_cap(self.tis_cap)
-        if self.tis_cap is not None and self.old_logprobs != "learner":
+        if self.old_logprob_source not in OLD_LOGPROB_SOURCES:
             raise ValueError(
-                "tis_cap needs old_logprobs: learner (the weight is pi_learner / pi_engine, and the learner's "
+                f"old_logprob_source must be one of {list(OLD_LOGPROB_SOURCES)}, got {self.old_logprob_source!r}"
+            )
+        check_tis_cap(self.tis_cap)
+        if self.tis_cap is not None and self.old_logprob_source != "learner":
+            raise ValueError(
+                "tis_cap needs old_logprob_source: learner (the weight is pi_learner / pi_engine, and the learner's "
                 "log-probs are computed only then)"
             )
         _registered("kl_kind", KL_ESTIMATORS, self.kl_kind)
@@ -211,9 +213,9 @@ class _LearningFields:
         )
 
 
-LearningSettings = make_dataclass("LearningSettings", estimator_settings(), bases=(_LearningFields,), frozen=True)
-"""``_LearningFields`` plus the config fields the registered advantage estimators declare."""
-LearningSettings.__module__, LearningSettings.__doc__ = __name__, _LearningFields.__doc__
+TrainingSettings = make_dataclass("TrainingSettings", estimator_settings(), bases=(_TrainingFields,), frozen=True)
+"""``_TrainingFields`` plus the config fields the registered advantage estimators declare."""
+TrainingSettings.__module__, TrainingSettings.__doc__ = __name__, _TrainingFields.__doc__
 
 
 @dataclass(frozen=True)
@@ -251,13 +253,6 @@ class LearnerSettings:
         "from learner rank 0 to the engines: no copies, no pickles; "
         "NCCL untested without a GPU).",
     )
-    max_staleness: int = setting(
-        0,
-        "[K] Pipelined rollouts: 0 samples, updates and syncs in turn; K >= 1 keeps K `sample()` requests queued on "
-        "every remote EnvRunner while the learners update, so a batch is trained with weights K versions newer than "
-        "it was sampled with (`rollout_pipeline`; correct for it with `old_logprobs: learner` and `tis_cap`). Needs "
-        "`num_env_runners` >= 1.",
-    )
     logprob_chunk_size: int | None = setting(
         None,
         "Log-probabilities over this many tokens at a time, each chunk's logits recomputed in the backward pass, so "
@@ -284,7 +279,7 @@ class LearnerSettings:
                 f"{self.learner_backend} trains with packing: {', '.join(backend.packing)}); use packing: "
                 f"{backend.packing[0]} with learner_backend: {self.learner_backend}"
             )
-        _at_least({"micro_batch_tokens": (self.micro_batch_tokens, 1), "max_staleness": (self.max_staleness, 0)})
+        _at_least({"micro_batch_tokens": (self.micro_batch_tokens, 1)})
         _registered("weight_sync", WEIGHT_SYNCS, self.weight_sync)
         if self.zero_stage not in ZERO_STAGES:
             raise ValueError(f"zero_stage must be one of {list(ZERO_STAGES)}, got {self.zero_stage!r}")
@@ -336,7 +331,7 @@ CONFIG_GROUPS: dict[str, type] = {
     "rollouts": RolloutSettings,
     "rewards": RewardSettings,
     "held_out": HeldOutSettings,
-    "training": LearningSettings,
+    "training": TrainingSettings,
     "learners": LearnerSettings,
 }
 """Fluent setter of ``ARPOConfig`` -> the group of fields it sets."""

@@ -15,10 +15,10 @@ that request. So:
 - a weight sync neither interrupts a ``sample()`` nor is lost: the engine loads the new weights
   between two requests, so a tree, every branch of it included, and every trajectory in the middle
   of a tool call are sampled with one weights version;
-- the learner corrects for the staleness with ``old_logprobs: learner`` (the clip is taken around
+- the learner corrects for the staleness with ``old_logprob_source: learner`` (the clip is taken around
   the learner's log-probs before the update, the proximal policy) and ``tis_cap`` (each token
   weighted by min(pi_learner / pi_engine, C), the truncated importance weight to the policy that
-  sampled it): the decoupled objective of AReaL (arXiv 2505.24298). With ``old_logprobs: engine``
+  sampled it): the decoupled objective of AReaL (arXiv 2505.24298). With ``old_logprob_source: engine``
   the clip is taken around the sampling policy itself.
 
 Nothing is lost or trained twice: ``ARPO.data_positions`` records an EnvRunner's data position
@@ -94,11 +94,11 @@ class RolloutPipeline:
     yet handed to the learner.
 
     Args:
-        depth: K, the requests kept queued on every EnvRunner.
+        max_staleness: K, the requests kept queued on every EnvRunner.
     """
 
-    def __init__(self, depth: int) -> None:
-        self.depth = depth
+    def __init__(self, max_staleness: int) -> None:
+        self.max_staleness = max_staleness
         self.in_flight: Counter[int] = Counter()
         self.finished: dict[int, list[RolloutBatch | SampleFailure]] = {}
 
@@ -127,10 +127,10 @@ class RolloutPipeline:
         return list(oldest.values())
 
     def fill(self, env_runner_group, runner_ids: list[int]) -> None:
-        """Queue requests until each EnvRunner of ``runner_ids`` has ``depth`` requests in flight or
+        """Queue requests until each EnvRunner of ``runner_ids`` has ``max_staleness`` requests in flight or
         results waiting."""
         for i in runner_ids:
-            for _ in range(self.depth - self.in_flight[i] - len(self.finished.get(i, []))):
+            for _ in range(self.max_staleness - self.in_flight[i] - len(self.finished.get(i, []))):
                 made = env_runner_group.foreach_env_runner_async(
                     sample_or_failure, tag=SAMPLE_TAG, remote_worker_ids=[i]
                 )

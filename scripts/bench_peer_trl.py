@@ -17,7 +17,7 @@ TRL's own tool calling goes through the chat template's tool format, which SmolL
 does not have, so the equal-work comparison is without tools: ``ours-grpo`` (GRPO, M samples per
 prompt, ``max_tool_calls: 0``, generation until EOS or the token limit) against ``trl-grpo``.
 ``ours-grpo-pipelined`` is ``ours-grpo`` with ``max_staleness: 1``: an EnvRunner actor samples
-the next step's batch while the learner updates on this one (the correction: ``old_logprobs:
+the next step's batch while the learner updates on this one (the correction: ``old_logprob_source:
 learner``, ``tis_cap: 2``); its peak memory is the learner's process only, the actor's not counted.
 ``ours-arpo-tools`` is ARPO with its search and Python tools and tree rollouts (M = 4, N = 2):
 more work per step (tool calls, tool results in the context), listed apart.
@@ -153,7 +153,7 @@ def ours_config(args, name: str) -> dict:
             initial_rollouts=args.rollouts, tools={}, max_tool_calls=0, advantage_estimator="grpo", kl_coef=0.0
         )
     if name == "ours-grpo-pipelined":  # an EnvRunner actor samples the next batch while the learner updates
-        config.update(num_env_runners=1, max_staleness=1, old_logprobs="learner", tis_cap=2.0)
+        config.update(num_env_runners=1, max_staleness=1, old_logprob_source="learner", tis_cap=2.0)
     if name == "ours-arpo-tools":  # ARPO: N = M / 2 sampled first, Z = 2, the reference scripts' branching
         config.update(
             initial_rollouts=max(args.rollouts // 2, 1),

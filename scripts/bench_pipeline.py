@@ -63,7 +63,7 @@ def config_for(args, staleness: int):
             max_tool_result_tokens=64,
         )
         .training(lr=1e-5, micro_batch_size=8)
-        .learners(max_staleness=staleness)
+        .rollouts(max_staleness=staleness)
         .env_runners(num_env_runners=1, num_cpus_per_env_runner=1)
     )
     config.seed = 0

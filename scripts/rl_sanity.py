@@ -61,7 +61,7 @@ def sanity_config(args) -> dict:
         "max_tool_result_tokens": 64,
         "lr": args.lr,
         "micro_batch_size": 8,
-        "old_logprobs": "learner",
+        "old_logprob_source": "learner",
         "seed": args.seed,
         **SANITY_REWARD,
     }

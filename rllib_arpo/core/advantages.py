@@ -11,7 +11,7 @@ mask later); keeping them makes every array line up with ``TrajectoryRow.respons
 An estimator is ``fn(trees, rewards, rows, *, option=default, ...)``: ``rows[p]`` are the rows of
 prompt p, and it returns one array per row, flattened in the same order. Its keyword-only options
 are explicit. Those it registers as ``config_fields`` (with their docs) are config fields of the
-same name, type and default (``config_fields.LearningSettings`` takes them from here), and only
+same name, type and default (``config_fields.TrainingSettings`` takes them from here), and only
 those are filled from the config (``AdvantageEstimator.options_from``): an option that happens
 to share a name with another config field (RLlib's ``gamma``, say) keeps its own default.
 

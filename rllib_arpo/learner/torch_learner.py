@@ -18,7 +18,7 @@ averages their gradients. The denominator is then the *global* batch's (summed o
 with one all-reduce) and each learner's loss is multiplied by their number, so the averaged
 gradient is exactly the one-learner gradient of the whole batch, not a mean of per-shard means.
 
-Old log-probabilities: ``old_logprobs: engine`` takes pi_old from the engine that sampled the
+Old log-probabilities: ``old_logprob_source: engine`` takes pi_old from the engine that sampled the
 tokens; ``learner`` first recomputes them with the learner's own forward pass (no gradient) and
 keeps the engine's under ``sampler_logprobs`` for truncated importance sampling (``tis_cap``).
 Either way the update's first minibatch logs how far sampler and learner disagree on the same
@@ -61,7 +61,7 @@ from rllib_arpo.learner.weight_broadcast import WeightBroadcastGroup, WeightLayo
 logger = logging.getLogger(__name__)
 RNG_STATES = "rng_states"
 SAMPLER_LOGPROBS = "sampler_logprobs"
-"""Batch key of the engine's log-probs once ``old_logprobs: learner`` has replaced ``old_logprobs``."""
+"""Batch key of the engine's log-probs once ``old_logprob_source: learner`` has replaced ``old_logprobs``."""
 
 
 class ARPOTorchLearner(TorchLearner):
@@ -136,11 +136,11 @@ class ARPOTorchLearner(TorchLearner):
         super().set_state(state)
 
     def update(self, batch=None, *, training_data=None, **kwargs):
-        """RLlib's ``Learner.update``; with ``old_logprobs: learner`` each module's ``old_logprobs``
+        """RLlib's ``Learner.update``; with ``old_logprob_source: learner`` each module's ``old_logprobs``
         are first replaced by the learner's own (``_recompute_old_logprobs``), before any
         minibatch or epoch changes the weights."""
         self._first_pass = True  # the first minibatch logs the sampler/learner mismatch
-        if self.config.old_logprobs == "learner":
+        if self.config.old_logprob_source == "learner":
             for mid, module_batch in update_batch(batch, training_data).policy_batches.items():
                 self._recompute_old_logprobs(mid, self.config.get_config_for_module(mid), module_batch)
         return super().update(batch=batch, training_data=training_data, **kwargs)

@@ -20,7 +20,7 @@ from rllib_arpo.core.settings import setting
 @dataclass(frozen=True)
 class RolloutSettings:
     """Budget, branching and sampling of the tree rollout (ARPO arXiv 2507.19849, Sec. 3.2;
-    AEPO arXiv 2510.14545)."""
+    AEPO arXiv 2510.14545), and how far sampling may run ahead of the learner."""
 
     total_rollouts: int = setting(16, "[M] trajectories per prompt.")
     initial_rollouts: int = setting(
@@ -64,9 +64,16 @@ class RolloutSettings:
     temperature: float = setting(
         1.0,
         "[T] Sampling temperature of the rollouts; the learner trains softmax(logits / T), the distribution "
-        "sampled (T != 1 needs `old_logprobs: learner`).",
+        "sampled (T != 1 needs `old_logprob_source: learner`).",
     )
     top_p: float = setting(1.0, "Nucleus sampling, in (0, 1].")
+    max_staleness: int = setting(
+        0,
+        "[K] Pipelined rollouts: 0 samples, updates and syncs in turn; K >= 1 keeps K `sample()` requests queued on "
+        "every remote EnvRunner while the learners update, so a batch is trained with weights K versions newer than "
+        "it was sampled with (`rollout_pipeline`; correct for it with `old_logprob_source: learner` and `tis_cap`). "
+        "Needs `num_env_runners` >= 1.",
+    )
 
     def __post_init__(self) -> None:
         BranchBudget(self.total_rollouts, self.global_samples, self.branch_factor)
@@ -84,11 +91,11 @@ class RolloutSettings:
             "temperature": (self.temperature, 0.0),
             "aepo_sensitivity (b)": (self.aepo_sensitivity, 0.0),
             "aepo_branch_penalty": (self.aepo_branch_penalty, 0.0),
+            "max_staleness": (self.max_staleness, 0),
         }
         for name, (value, minimum) in at_least.items():
             if not value >= minimum:
                 raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-        self.branching_policy()
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
         if self.early_children is not None and not isinstance(self.early_children, bool):

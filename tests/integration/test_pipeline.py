@@ -60,14 +60,14 @@ def test_pipelined_batches_are_one_version_stale_and_every_prompt_is_trained_onc
     config = small_config.env_runners(num_env_runners=2, env_runner_cls=RecordsSamples)
 
     RecordsSamples.log_file = str(tmp_path / "synchronous.jsonl")
-    algo = config.copy().learners(max_staleness=0).build_algo()
+    algo = config.copy().rollouts(max_staleness=0).build_algo()
     try:
         synchronous = algo.train()
     finally:
         algo.stop()
 
     RecordsSamples.log_file = str(tmp_path / "pipelined.jsonl")
-    algo = config.copy().learners(max_staleness=1).build_algo()
+    algo = config.copy().rollouts(max_staleness=1).build_algo()
     try:
         results = [algo.train() for _ in range(3)]
         checkpoint = algo.save_to_path(str(tmp_path / "checkpoint"))
@@ -89,7 +89,7 @@ def test_pipelined_batches_are_one_version_stale_and_every_prompt_is_trained_onc
     # the checkpoint kept the batch that was in flight: restored, the run trains it (sampled with
     # weights 2, as an uninterrupted run would) and samples on from after it: none skipped, none twice
     RecordsSamples.log_file = str(tmp_path / "restored.jsonl")
-    algo = config.copy().learners(max_staleness=1).build_algo()
+    algo = config.copy().rollouts(max_staleness=1).build_algo()
     try:
         algo.restore_from_path(checkpoint)
         result = algo.train()
@@ -105,7 +105,7 @@ def test_pipelined_batches_are_one_version_stale_and_every_prompt_is_trained_onc
 
 def test_max_staleness_needs_remote_env_runners(small_config):
     with pytest.raises(ValueError, match="max_staleness 1 needs num_env_runners >= 1"):
-        small_config.learners(max_staleness=1).validate()
+        small_config.rollouts(max_staleness=1).validate()
 
 
 def test_a_runner_killed_with_requests_in_flight_samples_them_again(ray_session, small_config, tmp_path):
@@ -115,7 +115,7 @@ def test_a_runner_killed_with_requests_in_flight_samples_them_again(ray_session,
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     RunnerOneDiesInItsSecondSample.log_file = str(tmp_path / "samples.jsonl")
     config = small_config.env_runners(num_env_runners=2, env_runner_cls=RunnerOneDiesInItsSecondSample)
-    algo = config.learners(max_staleness=1).build_algo()
+    algo = config.rollouts(max_staleness=1).build_algo()
     try:
         results = [algo.train() for _ in range(3)]
         positions = dict(algo.data_positions)
@@ -148,7 +148,8 @@ def test_two_versions_stale_pipeline_syncs_bfloat16_engines_bit_exact(
     config = (
         small_config.policy(dtype="bfloat16")
         .env_runners(num_env_runners=1)
-        .learners(max_staleness=2, weight_sync=weight_sync)
+        .rollouts(max_staleness=2)
+        .learners(weight_sync=weight_sync)
         .training(lr=1e-5, weight_decay=50.0)
     )
     algo = config.build_algo()
@@ -174,15 +175,15 @@ def test_two_versions_stale_pipeline_syncs_bfloat16_engines_bit_exact(
 
 
 def test_truncated_importance_weights_engage_on_stale_batches(ray_session, small_config):
-    """K = 1 with the decoupled correction (``old_logprobs: learner``, ``tis_cap`` C = 1.05): the
+    """K = 1 with the decoupled correction (``old_logprob_source: learner``, ``tis_cap`` C = 1.05): the
     learner's lr and weight decay scale every weight by 1 - 0.3 * 0.5 = 0.85 per update, so a batch
     one version stale was sampled by a policy that really differs from the learner's, and the
     truncation min(pi_learner / pi_engine, C) bites there; on the first, fresh batch it cannot."""
     cap = 1.05
     config = (
         small_config.env_runners(num_env_runners=1)
-        .learners(max_staleness=1)
-        .training(lr=0.3, weight_decay=0.5, old_logprobs="learner", tis_cap=cap)
+        .rollouts(max_staleness=1)
+        .training(lr=0.3, weight_decay=0.5, old_logprob_source="learner", tis_cap=cap)
     )
     algo = config.build_algo()
     try:

@@ -45,11 +45,17 @@ def test_core_imports_neither_ray_nor_transformers():
         ({"correctness": "bleu"}, "correctness must be one of"),
         ({"prompts_per_env_runner": 0}, "prompts_per_env_runner must be >= 1"),
         ({"dual_clip": 0.5}, "dual_clip must be > 1"),
-        ({"old_logprobs": "sampler"}, r"old_logprobs must be one of \['engine', 'learner'\], got 'sampler'"),
-        ({"tis_cap": 2.0}, "tis_cap needs old_logprobs: learner"),
-        ({"tis_cap": 0.5, "old_logprobs": "learner"}, "tis_cap must be >= 1"),
-        ({"temperature": 0.7}, "temperature 0.7 needs old_logprobs: learner and no tis_cap"),
-        ({"temperature": 0.7, "old_logprobs": "learner", "tis_cap": 2.0}, "temperature 0.7 needs old_logprobs"),
+        (
+            {"old_logprob_source": "sampler"},
+            r"old_logprob_source must be one of \['engine', 'learner'\], got 'sampler'",
+        ),
+        ({"tis_cap": 2.0}, "tis_cap needs old_logprob_source: learner"),
+        ({"tis_cap": 0.5, "old_logprob_source": "learner"}, "tis_cap must be >= 1"),
+        ({"temperature": 0.7}, "temperature 0.7 needs old_logprob_source: learner and no tis_cap"),
+        (
+            {"temperature": 0.7, "old_logprob_source": "learner", "tis_cap": 2.0},
+            "temperature 0.7 needs old_logprob_source",
+        ),
         (
             {"policy_loss": "cispo", "dual_clip": 3.0},
             r"dual_clip applies to the clipped-surrogate losses; policy_loss cispo bounds its importance weight "

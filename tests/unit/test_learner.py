@@ -428,7 +428,7 @@ def record_update_forwards(learner: ARPOTorchLearner) -> list[tuple[dict, torch.
 
     def recording_forward(mid, chunk):
         out = forward(mid, chunk)
-        if torch.is_grad_enabled():  # not the no-grad recomputation of old_logprobs: learner
+        if torch.is_grad_enabled():  # not the no-grad recomputation of old_logprob_source: learner
             recorded.append((chunk, out["logprobs"].detach()))
         return out
 
@@ -436,9 +436,9 @@ def record_update_forwards(learner: ARPOTorchLearner) -> list[tuple[dict, torch.
     return recorded
 
 
-@pytest.mark.parametrize("old_logprobs", ["engine", "learner"])
-def test_sampler_learner_mismatch_is_measured_and_learner_old_logprobs_start_at_ratio_1(model_dir, old_logprobs):
-    learner = build_learner(model_dir, old_logprobs=old_logprobs)
+@pytest.mark.parametrize("old_logprob_source", ["engine", "learner"])
+def test_sampler_learner_mismatch_is_measured_and_learner_old_logprobs_start_at_ratio_1(model_dir, old_logprob_source):
+    learner = build_learner(model_dir, old_logprob_source=old_logprob_source)
     batch = batch_sampled_in_bfloat16(model_dir, learner)
     forwards = record_update_forwards(learner)
     metrics = update(learner, batch)[DEFAULT_MODULE_ID]
@@ -453,7 +453,7 @@ def test_sampler_learner_mismatch_is_measured_and_learner_old_logprobs_start_at_
     expected_kl = float((torch.exp(-log_rho) + log_rho - 1).mean())
     assert metrics["logprob_mismatch_kl"].peek() == pytest.approx(expected_kl, rel=1e-9)
     assert metrics["logprob_mismatch_max_abs"].peek() == float(difference.abs().max())
-    if old_logprobs == "learner":
+    if old_logprob_source == "learner":
         assert metrics["first_ratio_max_deviation"].peek() == 0.0
         assert metrics["first_ratio_std"].peek() == 0.0
     else:
@@ -468,7 +468,7 @@ def test_a_temperature_trains_the_tempered_policy_from_a_first_ratio_of_1(model_
         ARPOConfig()
         .policy(model_path=model_dir)
         .rollouts(temperature=0.5)
-        .training(lr=LR, old_logprobs="learner")
+        .training(lr=LR, old_logprob_source="learner")
         .learners(packing=packing)
     )
     vocab_size = AutoConfig.from_pretrained(model_dir).vocab_size
@@ -488,7 +488,7 @@ def test_a_temperature_trains_the_tempered_policy_from_a_first_ratio_of_1(model_
 
 
 def test_tis_weights_the_engine_tokens_by_the_learner_over_engine_ratio(model_dir):
-    learner = build_learner(model_dir, old_logprobs="learner", tis_cap=1.0)
+    learner = build_learner(model_dir, old_logprob_source="learner", tis_cap=1.0)
     batch = batch_sampled_in_bfloat16(model_dir, learner)
     forwards = record_update_forwards(learner)
     metrics = update(learner, batch)[DEFAULT_MODULE_ID]

@@ -39,7 +39,7 @@ class EnvRunnerGroupStandIn:
 
 
 def test_each_runner_keeps_k_requests_queued_and_hands_out_its_oldest_batch_first():
-    group, pipeline = EnvRunnerGroupStandIn([1, 2]), RolloutPipeline(depth=2)
+    group, pipeline = EnvRunnerGroupStandIn([1, 2]), RolloutPipeline(max_staleness=2)
     group.fetches = [[(1, batch(1, 2)), (1, batch(1, 1))], [(2, batch(2, 1))]]
     first = pipeline.next_results(group, [1, 2], timeout_s=10)
     assert [(b.runner_index, b.position.samples) for b in first] == [(1, 1), (2, 1)]
@@ -53,7 +53,7 @@ def test_each_runner_keeps_k_requests_queued_and_hands_out_its_oldest_batch_firs
 
 
 def test_a_dead_runner_is_left_out_and_forgotten_and_a_failure_comes_first():
-    group, pipeline = EnvRunnerGroupStandIn([1, 2]), RolloutPipeline(depth=1)
+    group, pipeline = EnvRunnerGroupStandIn([1, 2]), RolloutPipeline(max_staleness=1)
     group.healthy.discard(2)  # died: Ray dropped its requests
     failure = SampleFailure(1, "Traceback ...")
     group.fetches = [[(1, batch(1, 1)), (1, failure)]]
