@@ -5,7 +5,7 @@
     sample trees (EnvRunners: engine + tools + branching + rewards; a dead one restarted, resampled)
       -> advantages (core.advantages registry, tree-aware)
       -> learner update (ARPOTorchLearner or ARPODeepSpeedLearner, one or several: learner.group)
-      -> weight sync (torch tensors, versioned) to every EnvRunner (weight_sync.py)
+      -> weight sync (torch tensors, versioned) to every EnvRunner (weights/)
 
 Checkpoints add what an exact resume needs (learner.checkpoint); each iteration's key metrics
 also go to the Ray dashboard (metrics_export).
@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -33,9 +34,16 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, LEARNER_RESULTS
 from ray.tune.utils.util import SafeFallbackEncoder
 
-from rllib_arpo.config_fields import CONFIG_GROUPS, check_rllib_fields
+from rllib_arpo.config_fields import (
+    CONFIG_GROUPS,
+    RENAMED_FIELDS,
+    group_of_field,
+    group_summary,
+    unknown_field_hint,
+)
+from rllib_arpo.config_rules import validate_config
 from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
-from rllib_arpo.core.settings import default_of, from_config
+from rllib_arpo.core.settings import default_of
 from rllib_arpo.core.tree import SegmentKind
 from rllib_arpo.eval.evaluate import evaluate_env_runner
 from rllib_arpo.eval.report import BEFORE_TRAINING, EVALUATION
@@ -49,31 +57,58 @@ from rllib_arpo.learner.checkpoint import (
     latest_complete_checkpoint,
     write_manifest,
 )
-from rllib_arpo.learner.group import policy_weights, update_learners
-from rllib_arpo.learner.memory import check_batch_fits_in_memory
+from rllib_arpo.learner.group import update_learners
 from rllib_arpo.learner.packing import pad_rows
 from rllib_arpo.learner.rl_module import MODEL_CONFIG_KEYS, CausalLMModule
 from rllib_arpo.learner.rllib_compat import thawed
 from rllib_arpo.metrics_export import RayMetricsExporter
-from rllib_arpo.models.cache import check_model_path
 from rllib_arpo.rollout.env_runner import ARPOEnvRunner, DataPosition, RolloutBatch
 from rllib_arpo.rollout_pipeline import RolloutPipeline, SampleFailure, batch_staleness, sample_or_failure
-from rllib_arpo.weight_sync import WEIGHT_SYNCS
+from rllib_arpo.weights import WEIGHT_SYNCS
+from rllib_arpo.weights.object_store import policy_weights
 
 MAX_SAMPLE_ATTEMPTS = 3
 RESTART_TIMEOUT_S = 300.0
 
 
+def _group_setter(group: str, rllib_setter: Callable | None = None) -> Callable[..., ARPOConfig]:
+    """The fluent setter of the field group ``group`` (``CONFIG_GROUPS``), its docstring the
+    group's summary and the names of its fields. With ``rllib_setter`` (an ``AlgorithmConfig``
+    setter) the other keyword arguments go on to it: RLlib's own fields of that group."""
+    settings = CONFIG_GROUPS[group]
+    names = [settings_field.name for settings_field in fields(settings)]
+
+    def setter(self: ARPOConfig, **fields_to_set) -> ARPOConfig:
+        rllib_fields = {}
+        if rllib_setter is not None:
+            # RLlib's own fields; ARPO's fields of other groups and renamed ones stay, to be refused with a hint
+            ours = [key for key in fields_to_set if group_of_field(key) or key in RENAMED_FIELDS]
+            rllib_fields = {key: fields_to_set.pop(key) for key in list(fields_to_set) if key not in ours}
+        self._set_group(group, fields_to_set)
+        if rllib_setter is not None:
+            rllib_setter(self, **rllib_fields)
+        return self
+
+    setter.__name__, setter.__qualname__ = group, f"ARPOConfig.{group}"
+    setter.__doc__ = f"Set {settings.__name__} fields: {group_summary(settings)}\n\nFields: {', '.join(names)}."
+    if rllib_setter is not None:
+        setter.__doc__ += f" Any other keyword goes to RLlib's ``AlgorithmConfig.{rllib_setter.__name__}``."
+    return setter
+
+
 class ARPOConfig(AlgorithmConfig):
     """Configuration of ARPO and its family: RLlib's AlgorithmConfig plus the field groups of
     ``config_fields.CONFIG_GROUPS`` (policy, data, tool_use, rollouts, rewards, held_out,
-    training), each with its defaults and docs in one dataclass. The configuration
+    training, learners), each with its defaults and docs in one dataclass. The configuration
     reference (docs/configuration.md) lists them all (``python scripts/config_reference.py``).
 
-    Each group has a fluent setter of its name, e.g.
+    Each group has a fluent setter of its name, documented from its group, e.g.
     ``ARPOConfig().policy(model_path="tiny").rollouts(total_rollouts=8, tau=0.4)``; ``training``
-    also takes RLlib's own fields (``lr``, ``grad_clip``, ``num_epochs``, ``minibatch_size``).
-    ``validate`` builds every group, so a bad value is named before Ray starts any actor.
+    also takes RLlib's own fields (``lr``, ``grad_clip``, ``num_epochs``, ``minibatch_size``),
+    ``learners`` RLlib's ``num_learners``, ``num_gpus_per_learner``, ... ``validate`` runs
+    ``config_rules.validate_config`` (every group, then the rules between groups), the one
+    validation an experiment file goes through too, so a bad value is named before Ray starts
+    any actor.
     """
 
     def __init__(self, algo_class=None):
@@ -96,53 +131,22 @@ class ARPOConfig(AlgorithmConfig):
         self.delay_between_env_runner_restarts_s = 5.0
         self.create_env_on_local_worker = False
 
-    # --- fluent setters: one per group of config_fields.CONFIG_GROUPS -------------------------
-    def policy(self, **fields_to_set) -> ARPOConfig:
-        """Set PolicySettings fields: model_path, dtype, engine, engine_options."""
-        return self._set_group("policy", fields_to_set)
-
-    def data(self, **fields_to_set) -> ARPOConfig:
-        """Set DataSettings fields: dataset, prompts_per_env_runner."""
-        return self._set_group("data", fields_to_set)
-
-    def tool_use(self, **fields_to_set) -> ARPOConfig:
-        """Set ToolSettings fields: tools, tool_workers, tool_timeout_s."""
-        return self._set_group("tool_use", fields_to_set)
-
-    def rollouts(self, **fields_to_set) -> ARPOConfig:
-        """Set RolloutSettings fields: total_rollouts (M), initial_rollouts (N), branch_factor (Z),
-        entropy_window (k), branching, branching_mode, alpha, beta, tau, aepo_*, early_children,
-        max_*, temperature, top_p."""
-        return self._set_group("rollouts", fields_to_set)
-
-    def rewards(self, **fields_to_set) -> ARPOConfig:
-        """Set RewardSettings fields: format_penalty, correctness, multi_tool_bonus, multi_tool_set."""
-        return self._set_group("rewards", fields_to_set)
-
-    def held_out(self, **fields_to_set) -> ARPOConfig:
-        """Set HeldOutSettings fields: held_out_interval, held_out_dataset, held_out_size, held_out_temperature."""
-        return self._set_group("held_out", fields_to_set)
-
-    def training(self, **kwargs) -> ARPOConfig:
-        """Set TrainingSettings fields and RLlib's own training fields."""
-        return self._set_group_and_rllib("training", super().training, kwargs)
-
-    def learners(self, **kwargs) -> ARPOConfig:
-        """Set LearnerSettings fields (learner_backend, zero_stage, ...) and RLlib's own learner
-        fields (``num_learners``, ``num_gpus_per_learner``, ...)."""
-        return self._set_group_and_rllib("learners", super().learners, kwargs)
-
-    def _set_group_and_rllib(self, group: str, rllib_setter, kwargs: dict) -> ARPOConfig:
-        ours = {f.name for f in fields(CONFIG_GROUPS[group])}
-        self._set_group(group, {k: kwargs.pop(k) for k in list(kwargs) if k in ours})
-        rllib_setter(**kwargs)
-        return self
+    # --- fluent setters: one per group of config_fields.CONFIG_GROUPS, documented from it --
+    policy = _group_setter("policy")
+    data = _group_setter("data")
+    tool_use = _group_setter("tool_use")
+    rollouts = _group_setter("rollouts")
+    rewards = _group_setter("rewards")
+    held_out = _group_setter("held_out")
+    training = _group_setter("training", AlgorithmConfig.training)
+    learners = _group_setter("learners", AlgorithmConfig.learners)
 
     def _set_group(self, group: str, fields_to_set: dict) -> ARPOConfig:
         known = [f.name for f in fields(CONFIG_GROUPS[group])]
-        unknown = sorted(set(fields_to_set) - set(known))
-        if unknown:
-            raise ValueError(f"unknown field(s) {unknown} for .{group}(); known: {known}")
+        for key in sorted(set(fields_to_set) - set(known)):
+            elsewhere = group_of_field(key)
+            hint = f" (a field of .{elsewhere}())" if elsewhere else unknown_field_hint(key, known)
+            raise ValueError(f"unknown field {key!r} for .{group}(){hint}; known: {known}")
         for key, value in fields_to_set.items():
             if value is not NotProvided:
                 setattr(self, key, value)
@@ -164,43 +168,9 @@ class ARPOConfig(AlgorithmConfig):
         super().validate()
 
     def _validate_arpo(self) -> None:
-        """RLlib's fields that ARPO reads (``config_fields.RLLIB_FIELDS``), every field group (each
-        checks its values), then the checks that hold for RL training only."""
+        """``config_rules.validate_config``, its error prefixed ``ARPOConfig: ``."""
         try:
-            check_rllib_fields(self)
-            for group in CONFIG_GROUPS.values():
-                from_config(group, self)
-            check_model_path(self.model_path)
-            if not self.temperature > 0:
-                raise ValueError(f"temperature must be > 0 for RL sampling, got {self.temperature}")
-            if self.temperature != 1.0 and (self.old_logprob_source != "learner" or self.tis_cap is not None):
-                raise ValueError(
-                    f"temperature {self.temperature} needs old_logprob_source: learner and no tis_cap: the engines "
-                    "report log-probs of the temperature-1 distribution, the learner those of softmax(logits / T)"
-                )
-            check_batch_fits_in_memory(self)
-            # (RLlib's evaluation config, which ARPO does not use, has no EnvRunners of its own)
-            if self.max_staleness > 0 and self.num_env_runners == 0 and not self.in_evaluation:
-                raise ValueError(
-                    f"max_staleness {self.max_staleness} needs num_env_runners >= 1: the driver's own EnvRunner "
-                    "cannot sample while the learner updates"
-                )
-            if (
-                self.dtype == "float16"
-                and self.master_weights
-                and not LEARNER_BACKENDS.get(self.learner_backend).loss_scaling
-            ):
-                scaling = [name for name in LEARNER_BACKENDS if LEARNER_BACKENDS.get(name).loss_scaling]
-                raise ValueError(
-                    f"dtype float16 with master_weights needs loss scaling: use bfloat16, or learner_backend: "
-                    f"{' or '.join(scaling)} (dynamic loss scaling)"
-                )
-            if self.reward_kl_coef > 0 and not ADVANTAGE_ESTIMATORS.get(self.advantage_estimator).takes_token_kl:
-                folding = [name for name in ADVANTAGE_ESTIMATORS if ADVANTAGE_ESTIMATORS.get(name).takes_token_kl]
-                raise ValueError(
-                    f"reward_kl_coef folds the KL into the returns of {', '.join(folding)}; advantage_estimator is "
-                    f"{self.advantage_estimator!r} (use kl_coef for a KL loss term)"
-                )
+            validate_config(self)
         except ValueError as error:
             raise ValueError(f"ARPOConfig: {error}") from None
 
@@ -242,7 +212,7 @@ class ARPO(Algorithm):
     def setup(self, config: ARPOConfig | dict) -> None:
         """Resolve ``model_path`` (``tiny`` builds the embedded policy once, here in the driver)
         and build the local EnvRunner only when there are no remote ones."""
-        from rllib_arpo.models.cache import resolve_model_path
+        from rllib_arpo.models.catalogue import resolve_model_path
 
         if isinstance(config, dict):  # Tune hands over a (partial) config dict
             config = self.get_default_config().update_from_dict(config)

@@ -10,7 +10,7 @@ Ray 2.60 no longer ships an ``rllib`` command; this one keeps the classic form:
 - ``rllib evaluate POLICY --data ...``: benchmarks with n samples per question, pass@k, a table
   and transcripts (``eval.benchmark``);
 - ``rllib cold-start MODEL OUTPUT``: the supervised cold start of a real chat model on tool-use
-  demonstrations (``models.warm_start.cold_start``).
+  demonstrations (``cold_start.sft.cold_start``).
 - ``rllib check-gpu [--model M] [--only PIECE ...] [--json PATH]``: PASS / FAIL / SKIP for each
   piece a GPU machine must run (``gpu_check``); exit status 1 if any piece fails.
 
@@ -206,8 +206,8 @@ def evaluate(args: argparse.Namespace) -> int:
 
 def cold_start(args: argparse.Namespace) -> int:
     """``rllib cold-start``: reference-set demonstrations (if asked for), then the SFT."""
-    from rllib_arpo.models.cache import resolve_model_path
-    from rllib_arpo.models.warm_start import cold_start as run_cold_start
+    from rllib_arpo.cold_start.sft import cold_start as run_cold_start
+    from rllib_arpo.models.catalogue import resolve_model_path
 
     try:
         model_path = resolve_model_path(args.model)
@@ -217,8 +217,8 @@ def cold_start(args: argparse.Namespace) -> int:
     if args.reference_set:
         from transformers import AutoTokenizer
 
-        from rllib_arpo.data.datasets import load_dataset
         from rllib_arpo.data.demonstrations import reference_set_demonstrations
+        from rllib_arpo.data.registry import load_dataset
         from rllib_arpo.tools.search import SearchTool
 
         if not args.search_cache:

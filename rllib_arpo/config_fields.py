@@ -1,20 +1,26 @@
 """Every field ARPO adds to RLlib's AlgorithmConfig, by group, with its default and its doc.
 
 Each group is a frozen dataclass declared with ``core.settings.setting``: ``ARPOConfig`` takes its
-fields and defaults from ``CONFIG_GROUPS``, validates a config by building every group (each
-checks its own values in ``__post_init__``), and ``scripts/config_reference.py`` writes the
-configuration reference (docs/configuration.md) from the docs. The rollout and reward groups live next to the
-code that uses them (``rollout.settings``, ``core.rewards``); the others are read from the config
-directly by the EnvRunner and the learner. Paper symbols are given in brackets.
+fields, their defaults and its fluent setters (their docstrings too) from ``CONFIG_GROUPS``, and
+``scripts/config_reference.py`` writes the configuration reference (docs/configuration.md) from
+the docs. Building a group checks its own values in ``__post_init__``, the rules between its
+fields included, reading what the registry entries they name declare (a policy loss that refuses
+a dual clip, the packing modes of a learner backend, an estimator that takes the token KL);
+``config_rules.validate_config`` builds every group, then runs the rules between groups. The
+rollout and reward groups live next to the code that uses them (``rollout.settings``,
+``core.rewards``); the others are read from the config directly by the EnvRunner and the learner.
+Paper symbols are given in brackets.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, make_dataclass
+import difflib
+from dataclasses import dataclass, fields, make_dataclass
 from typing import Any
 
 from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, entropy_advantage_base_estimator, estimator_settings
-from rllib_arpo.core.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, check_dual_clip, check_tis_cap
+from rllib_arpo.core.dtypes import DTYPE_NAMES
+from rllib_arpo.core.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, check_tis_cap
 from rllib_arpo.core.registry import Registry
 from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.core.settings import check_type, setting
@@ -22,9 +28,8 @@ from rllib_arpo.learner.backends import LEARNER_BACKENDS
 from rllib_arpo.learner.packing import PACKING_MODES
 from rllib_arpo.rollout.engine import ENGINES, check_engine_options
 from rllib_arpo.rollout.settings import RolloutSettings
-from rllib_arpo.weight_sync import WEIGHT_SYNCS
+from rllib_arpo.weights import WEIGHT_SYNCS
 
-DTYPE_NAMES = ("float32", "bfloat16", "float16")
 OLD_LOGPROB_SOURCES = ("engine", "learner")
 ZERO_STAGES = (1, 2, 3)
 
@@ -76,7 +81,7 @@ class DataSettings:
 
     dataset: dict = setting(
         {"type": "tir_task", "seed": 0, "split": "train"},
-        "Training prompts: `{type: tir_task | parquet | jsonl, ...}` (see `data.datasets`).",
+        "Training prompts: `{type: tir_task | parquet | jsonl, ...}` (see `data.loaders`).",
     )
     prompts_per_env_runner: int = setting(4, "Prompts each EnvRunner rolls out per iteration.")
     max_prompt_tokens: int | None = setting(
@@ -177,12 +182,17 @@ class _TrainingFields:
     weight_decay: float = setting(0.0, "AdamW weight decay.")
 
     def __post_init__(self) -> None:
-        _registered("advantage_estimator", ADVANTAGE_ESTIMATORS, self.advantage_estimator)
+        estimator = _registered("advantage_estimator", ADVANTAGE_ESTIMATORS, self.advantage_estimator)
         # the estimators' fields (TrainingSettings)
         _registered("entropy_advantage_base", ADVANTAGE_ESTIMATORS, self.entropy_advantage_base)
         entropy_advantage_base_estimator(self.entropy_advantage_base)
-        _registered("policy_loss", POLICY_LOSSES, self.policy_loss)
-        check_dual_clip(self.dual_clip, self.policy_loss)
+        if self.reward_kl_coef > 0 and not estimator.takes_token_kl:
+            folding = [name for name in ADVANTAGE_ESTIMATORS if ADVANTAGE_ESTIMATORS.get(name).takes_token_kl]
+            raise ValueError(
+                f"reward_kl_coef folds the KL into the returns of {', '.join(folding)}; advantage_estimator is "
+                f"{self.advantage_estimator!r} (use kl_coef for a KL loss term)"
+            )
+        _registered("policy_loss", POLICY_LOSSES, self.policy_loss).check_dual_clip(self.dual_clip)
         aggregation = _registered("loss_agg_mode", LOSS_AGGREGATIONS, self.loss_agg_mode)
         if self.token_sum_norm is not None and not aggregation.takes_token_sum_norm:
             raise ValueError(f"token_sum_norm applies to seq-mean-token-sum only, not {self.loss_agg_mode!r}")
@@ -337,6 +347,29 @@ CONFIG_GROUPS: dict[str, type] = {
 """Fluent setter of ``ARPOConfig`` -> the group of fields it sets."""
 
 
+RENAMED_FIELDS: dict[str, str] = {"old_logprobs": "old_logprob_source"}
+"""A field's former name -> its name now: a config that gives the former is told the new one."""
+
+
+def unknown_field_hint(key: str, known: list[str]) -> str:
+    """What to say of an unknown config key: its new name where it was renamed, else the closest
+    known names (empty where none is close)."""
+    if key in RENAMED_FIELDS:
+        return f" ({key} was renamed {RENAMED_FIELDS[key]})"
+    close = difflib.get_close_matches(key, known, n=3)
+    return f" (did you mean {', '.join(close)}?)" if close else ""
+
+
+def group_of_field(key: str) -> str | None:
+    """The setter (``CONFIG_GROUPS`` key) whose group declares field ``key``; None: no group does."""
+    return next((name for name, group in CONFIG_GROUPS.items() if key in {f.name for f in fields(group)}), None)
+
+
+def group_summary(group: type) -> str:
+    """The first paragraph of a group's docstring, on one line (its setter's doc and its table's title)."""
+    return " ".join(group.__doc__.split("\n\n")[0].split())
+
+
 def config_reference() -> str:
     """The configuration reference as Markdown: one table per group, from the fields' docs."""
     import json
@@ -346,8 +379,7 @@ def config_reference() -> str:
 
     lines = []
     for setter, group in CONFIG_GROUPS.items():
-        summary = " ".join(group.__doc__.split("\n\n")[0].split())
-        lines += ["", f"**{setter}** (`ARPOConfig.{setter}(...)`): {summary}", ""]
+        lines += ["", f"**{setter}** (`ARPOConfig.{setter}(...)`): {group_summary(group)}", ""]
         lines += ["| field | default | meaning |", "|---|---|---|"]
         for settings_field in fields(group):
             default = json.dumps(default_of(settings_field))

@@ -14,7 +14,7 @@ with ``dry_run_section("title")``:
   else the longest of the first ``PROMPTS_MEASURED`` training prompts) plus
   ``max_response_tokens``;
 - ``response budget``: on the embedded task, how many tokens each question kind's reference
-  solution takes (``models.warm_start.reference_response_tokens``) against ``max_response_tokens``,
+  solution takes (``cold_start.sft.reference_response_tokens``) against ``max_response_tokens``,
   with a warning where the budget cuts some: the policy is then punished for the reference path;
 - ``prompts``: the first training prompts (and the first held-out one) exactly as the model
   reads them, special tokens included, decoded from the token ids it is given; control
@@ -122,6 +122,7 @@ def resources_section(planned: PlannedExperiment) -> str:
 
 @dry_run_section("learner memory")
 def learner_memory_section(planned: PlannedExperiment) -> str:
+    from rllib_arpo.learner.backends import LEARNER_BACKENDS
     from rllib_arpo.learner.memory import learner_memory_of_config
     from rllib_arpo.learner.packing import PACKING_MODES
 
@@ -135,7 +136,8 @@ def learner_memory_section(planned: PlannedExperiment) -> str:
         prompt_tokens = _longest_prompt(config, tokenizer, PROMPTS_MEASURED)
         prompt_source = f"the longest of the first {PROMPTS_MEASURED} training prompts"
     length = prompt_tokens + config.max_response_tokens
-    layout = config.learner_backend + (f" ZeRO-{config.zero_stage}" if config.learner_backend == "deepspeed" else "")
+    partitions = LEARNER_BACKENDS.get(config.learner_backend).partitions_by_zero_stage
+    layout = config.learner_backend + (f" ZeRO-{config.zero_stage}" if partitions else "")
     learners = max(config.num_learners, 1)
     where = "per GPU" if config.num_gpus_per_learner else "on the CPU (num_gpus_per_learner: 0)"
     if not PACKING_MODES.get(config.packing).packs:
@@ -157,7 +159,7 @@ def model_tokenizer(config: Any):
     other check needs its ``config.json`` only)."""
     from transformers import AutoTokenizer
 
-    from rllib_arpo.models.cache import resolve_model_path
+    from rllib_arpo.models.catalogue import resolve_model_path
 
     try:
         return AutoTokenizer.from_pretrained(resolve_model_path(config.model_path))
@@ -166,8 +168,8 @@ def model_tokenizer(config: Any):
 
 
 def _longest_prompt(config: Any, tokenizer, count: int) -> int:
-    from rllib_arpo.data.datasets import load_dataset
     from rllib_arpo.data.prompts import encode_prompt
+    from rllib_arpo.data.registry import load_dataset
 
     return max(len(encode_prompt(tokenizer, example)) for example in load_dataset(config.dataset)[:count])
 
@@ -176,8 +178,8 @@ def _longest_prompt(config: Any, tokenizer, count: int) -> int:
 def response_budget_section(planned: PlannedExperiment) -> str:
     import numpy as np
 
-    from rllib_arpo.data.datasets import tir_task_of_spec
-    from rllib_arpo.models.warm_start import reference_response_tokens
+    from rllib_arpo.cold_start.sft import reference_response_tokens
+    from rllib_arpo.data.loaders.tir_task import tir_task_of_spec
 
     config = planned.config
     spec = dict(config.dataset)
@@ -219,8 +221,9 @@ def response_budget_section(planned: PlannedExperiment) -> str:
 
 @dry_run_section("prompts")
 def prompts_section(planned: PlannedExperiment) -> str:
-    from rllib_arpo.data.datasets import PromptStream, load_dataset
+    from rllib_arpo.data.prompt_stream import PromptStream
     from rllib_arpo.data.prompts import encode_prompt, render_prompt
+    from rllib_arpo.data.registry import load_dataset
     from rllib_arpo.eval.evaluate import held_out_examples
 
     config = planned.config

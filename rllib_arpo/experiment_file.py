@@ -19,10 +19,12 @@ The file has the classic tuned-example schema::
    (``model_path: Qwen/Qwen2.5-7B-Instruct``) are left as they are. Tune runs trials in another working
    directory, so every path a trial sees is absolute.
 2. checks every value of every trial the file describes (each search space's values once,
-   ``trial_configs``), with ``check_config``: types and ranges of ARPO's fields (``config_fields``) and of the RLlib
-   fields ARPO uses (``config_fields.RLLIB_FIELDS``), the model directory, ``engine_options`` against the
-   chosen engine's constructor, the tools and their options, the datasets (loaded once), and
-   RLlib's own ``validate``.
+   ``trial_configs``), with ``check_config``: the config's own ``validate``, the one a config
+   built in Python goes through (``config_rules.validate_config``: types, ranges and the rules
+   between ARPO's fields, the RLlib fields ARPO uses, the model directory, ``engine_options``
+   against the chosen engine's constructor; then RLlib's own), its message made to start with
+   the key it names; then what only a run reads when it starts: the datasets (loaded once), the
+   tools and their options.
 3. checks ``checkpoint_config`` against ``tune.CheckpointConfig``, and that every ``stop`` key
    is a number some result holds (``check_stop``): Tune never stops a trial on a key its
    results lack.
@@ -33,6 +35,7 @@ Every problem raises ``ConfigError`` with one line that names the key, e.g.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
 import logging
@@ -45,7 +48,7 @@ from typing import Any
 
 import yaml
 
-from rllib_arpo.core.settings import check_type, from_config
+from rllib_arpo.core.settings import check_type
 from rllib_arpo.eval.report import BEFORE_TRAINING, EVALUATION
 
 EXPERIMENT_KEYS = {"run", "stop", "config", "checkpoint_config", "storage_path", "num_samples", "scheduler"}
@@ -98,6 +101,7 @@ def load_experiments(
     """Read an experiment file, apply the ``--stop`` / ``--config`` overrides, resolve its paths
     and check every trial's config (module docstring); return ``{name: experiment}``."""
     from rllib_arpo.algorithm import TRAINABLES, ARPOConfig
+    from rllib_arpo.config_fields import unknown_field_hint
 
     file = Path(path)
     if not file.is_file():
@@ -132,9 +136,7 @@ def load_experiments(
             }
             for key in config:
                 if key not in known_fields:
-                    close = difflib.get_close_matches(key, known_fields, n=3)
-                    hint = f" (did you mean {', '.join(close)}?)" if close else ""
-                    raise ConfigError(f"unknown config key {key!r}{hint}")
+                    raise ConfigError(f"unknown config key {key!r}{unknown_field_hint(key, sorted(known_fields))}")
             for trial_config in trial_configs(config):
                 check_config(trial_config, run)
         except ConfigError as error:
@@ -171,8 +173,6 @@ def check_stop(stop: Any) -> None:
 
 def check_checkpoint_config(options: Any) -> None:
     """``checkpoint_config`` holds keyword arguments of ``tune.CheckpointConfig``, of its types."""
-    import dataclasses
-
     from ray import tune
 
     if not isinstance(options, Mapping):
@@ -194,7 +194,7 @@ def check_checkpoint_config(options: Any) -> None:
 # --- paths ------------------------------------------------------------------------------------
 def resolve_paths(values: Mapping[str, Any], bases: Sequence[Path], prefix: str = "") -> dict[str, Any]:
     """``values`` with every relative path (module docstring) made absolute against ``bases``."""
-    from rllib_arpo.models.cache import HUB_ID, NAMED_MODELS
+    from rllib_arpo.models.catalogue import HUB_ID, NAMED_MODELS
 
     resolved = {}
     for key, value in values.items():
@@ -212,7 +212,7 @@ def resolve_paths(values: Mapping[str, Any], bases: Sequence[Path], prefix: str 
             except ConfigError:
                 if not (key == "model_path" and HUB_ID.match(value)):
                     raise
-                resolved[key] = value  # a Hugging Face hub id (models.cache.check_model_path)
+                resolved[key] = value  # a Hugging Face hub id (models.catalogue.check_model_path)
         else:
             resolved[key] = value
     return resolved
@@ -267,24 +267,13 @@ def _is_grid(value: Any) -> bool:
 # --- values -----------------------------------------------------------------------------------
 def check_config(values: Mapping[str, Any], run: str = "ARPO"):
     """An ``ARPOConfig`` of the trainable ``run`` (its family defaults) updated from ``values``
-    (one trial, paths resolved) with every value checked (module docstring); ``ConfigError``
-    names the first bad key."""
+    (one trial, paths resolved), checked by its ``validate`` as any ``ARPOConfig`` is
+    (``config_rules.validate_config``, then RLlib's own), then its datasets and tools (module
+    docstring); ``ConfigError`` names the first bad key."""
     from rllib_arpo.algorithm import TRAINABLES
-    from rllib_arpo.config_fields import CONFIG_GROUPS, check_rllib_fields
+    from rllib_arpo.config_fields import CONFIG_GROUPS
 
     config = TRAINABLES[run].get_default_config().update_from_dict(dict(values))
-    try:
-        check_rllib_fields(config)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-    for group in CONFIG_GROUPS.values():
-        try:
-            from_config(group, config)
-        except ValueError as error:
-            raise ConfigError(
-                _naming_a_key(str(error), [f.name for f in group.__dataclass_fields__.values()])
-            ) from None
-    check_datasets_and_tools(config)
     rllib_logger = logging.getLogger("ray.rllib.algorithms.algorithm_config")
     level = rllib_logger.level
     rllib_logger.setLevel(logging.ERROR)  # its "new API stack" notice is not a problem of the file
@@ -292,10 +281,13 @@ def check_config(values: Mapping[str, Any], run: str = "ARPO"):
         config.validate()
     except Exception as error:  # ARPO's checks (ValueError), then RLlib's own: ValueError, TypeError, ...
         message = " ".join(str(error).split())
-        ours = message.startswith("ARPOConfig: ")
-        raise ConfigError(message.removeprefix("ARPOConfig: ") if ours else f"RLlib: {message}") from None
+        if not message.startswith("ARPOConfig: "):
+            raise ConfigError(f"RLlib: {message}") from None
+        keys = [field.name for group in CONFIG_GROUPS.values() for field in dataclasses.fields(group)]
+        raise ConfigError(_naming_a_key(message.removeprefix("ARPOConfig: "), keys)) from None
     finally:
         rllib_logger.setLevel(level)
+    check_datasets_and_tools(config)
     return config
 
 
@@ -322,16 +314,19 @@ def check_datasets_and_tools(config) -> None:
     """The training and held-out datasets load, and every tool of ``tools`` exists and takes its
     options, with a corpus to search for each dataset."""
     import rllib_arpo.tools  # noqa: F401  (registers the tools)
-    from rllib_arpo.data.datasets import load_dataset, tools_for_dataset
-    from rllib_arpo.eval.evaluate import held_out_examples
+    from rllib_arpo.data.dataset_tools import tools_for_dataset
+    from rllib_arpo.data.registry import load_dataset
+    from rllib_arpo.eval.evaluate import held_out_dataset
     from rllib_arpo.tools.base import TOOLS
 
-    datasets = {"dataset": config.dataset}
+    keys = ["dataset"]
     if config.held_out_interval or config.held_out_dataset is not None:
-        datasets["held_out_dataset"] = config.held_out_dataset or {**config.dataset, "split": "test"}
-    for key in datasets:
+        keys.append("held_out_dataset")
+    datasets = {}
+    for key in keys:
         try:
-            held_out_examples(config) if key == "held_out_dataset" else load_dataset(config.dataset)
+            datasets[key] = held_out_dataset(config) if key == "held_out_dataset" else config.dataset
+            load_dataset(datasets[key])
         except (ValueError, TypeError, OSError) as error:
             raise ConfigError(f"{key}: {' '.join(str(error).split())}") from None
     for name, options in config.tools.items():

@@ -276,9 +276,9 @@ def _greedy_tokens(engine, prompts, tokens: int) -> list[list[int]]:
 def _hf_engine(devices: Devices, model_path: str):
     import torch
 
-    from rllib_arpo.rollout.hf_engine import HFEngine
+    from rllib_arpo.rollout.engine import ENGINES
 
-    return HFEngine.from_pretrained(model_path, dtype=getattr(torch, devices.dtype), device=devices.device)
+    return ENGINES.get("hf").build(model_path, getattr(torch, devices.dtype), {"device": devices.device})
 
 
 def _compared_engine(devices: Devices, model_path: str, receives_in_place: bool = False):
@@ -286,16 +286,13 @@ def _compared_engine(devices: Devices, model_path: str, receives_in_place: bool 
     weight receiver if ``receives_in_place``), or where ``devices.engine`` is ``hf`` an HF engine."""
     if devices.engine == "hf":
         return _hf_engine(devices, model_path)
-    from rllib_arpo.rollout.engine import ENGINES
-    from rllib_arpo.rollout.vllm_engine import VLLMEngine
+    import torch
 
-    options = ENGINES.get("vllm").in_place_options if receives_in_place else {}
-    return VLLMEngine(
-        model_path,
-        dtype=devices.dtype,
-        gpu_memory_utilization=GPU_MEMORY_FRACTION,
-        max_model_len=MAX_MODEL_LEN,
-        **options,
+    from rllib_arpo.rollout.engine import ENGINES
+
+    options = {"gpu_memory_utilization": GPU_MEMORY_FRACTION, "max_model_len": MAX_MODEL_LEN}
+    return ENGINES.get("vllm").build(
+        model_path, getattr(torch, devices.dtype), options, receives_in_place=receives_in_place
     )
 
 
@@ -314,7 +311,7 @@ def check_vllm_generation(model: str, devices: Devices = GPU, greedy_tokens: int
     ``SAME_CONTINUATIONS_MIN`` of them token for token alike, and on the tokens before any parting
     the log-probs within ``LOGPROB_ATOL``."""
     devices.require(engine=True)
-    from rllib_arpo.models.cache import resolve_model_path
+    from rllib_arpo.models.catalogue import resolve_model_path
 
     path = resolve_model_path(model)
     start = time.perf_counter()
@@ -365,7 +362,7 @@ def _send_perturbed_weights(model_path: str, perturbed_dir: str, address: str, p
     the engine reported."""
     import torch
 
-    from rllib_arpo.learner.weight_broadcast import WeightBroadcastGroup
+    from rllib_arpo.weights.broadcast import WeightBroadcastGroup
 
     model = save_perturbed_model(model_path, perturbed_dir, devices.dtype)
     if devices.device == "cuda":
@@ -387,8 +384,8 @@ def check_nccl_broadcast(model: str, devices: Devices = GPU, greedy_tokens: int 
     devices.require(2, " (NCCL puts the sender and the engine on different devices)", engine=True)
     import multiprocessing
 
-    from rllib_arpo.learner.weight_broadcast import free_address
-    from rllib_arpo.models.cache import resolve_model_path
+    from rllib_arpo.models.catalogue import resolve_model_path
+    from rllib_arpo.weights.broadcast import free_address
 
     path = resolve_model_path(model)
     context = multiprocessing.get_context("spawn")
@@ -472,7 +469,7 @@ def _learner_group(config):
     from ray.rllib.core import DEFAULT_MODULE_ID
     from transformers import AutoConfig
 
-    from rllib_arpo.learner.rl_module import placeholder_spaces
+    from rllib_arpo.spaces import placeholder_spaces
 
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)
@@ -484,7 +481,8 @@ def _train_twice(model_path: str, batch, num_learners: int, devices: Devices, **
     """Weights after two updates on ``batch`` and the global gradient norm of each."""
     from ray.rllib.core import DEFAULT_MODULE_ID
 
-    from rllib_arpo.learner.group import policy_weights, update_learners
+    from rllib_arpo.learner.group import update_learners
+    from rllib_arpo.weights.object_store import policy_weights
 
     config = _learner_config(model_path, num_learners, devices, **learners)
     group = _learner_group(config)
@@ -532,13 +530,17 @@ def check_learners(model: str, devices: Devices = GPU, layouts: dict = LEARNER_L
     """Each of ``layouts`` (learner options) with 2 learners against one learner, two updates on
     the same batch: gradient norms and the weights' update (``update_gap``) as close to one
     learner's as ``learner_tolerances`` of ``devices.dtype`` allows."""
+    from rllib_arpo.learner.backends import LEARNER_BACKENDS
+
     devices.require(2, " (2 learners)")
-    if any(options.get("learner_backend") == "deepspeed" for options in layouts.values()):
-        require_package("deepspeed")
+    for options in layouts.values():
+        package = LEARNER_BACKENDS.get(options.get("learner_backend", "torch")).package
+        if package:
+            require_package(package)
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rllib_arpo.models.cache import resolve_model_path
+    from rllib_arpo.models.catalogue import resolve_model_path
 
     path = resolve_model_path(model)
     batch = _training_batch(path)
@@ -582,7 +584,7 @@ def check_learner_memory(model: str) -> dict:
     GPU.require()
     from rllib_arpo.learner.group import update_learners
     from rllib_arpo.learner.memory import learner_memory_of_config
-    from rllib_arpo.models.cache import resolve_model_path
+    from rllib_arpo.models.catalogue import resolve_model_path
 
     path = resolve_model_path(model)
     batch = _training_batch(path)
@@ -604,7 +606,7 @@ def check_throughput(
     ``updates`` updates after a warm-up)."""
     devices.require(engine=True)
     from rllib_arpo.learner.group import update_learners
-    from rllib_arpo.models.cache import resolve_model_path
+    from rllib_arpo.models.catalogue import resolve_model_path
     from rllib_arpo.rollout.engine import SamplingParams
 
     path = resolve_model_path(model)

@@ -166,8 +166,8 @@ def measure(model_path: str, layout: Layout, shape: BatchShape, batch: dict, rep
     from rllib_arpo.algorithm import ARPOConfig
     from rllib_arpo.learner.group import update_learners
     from rllib_arpo.learner.memory import learner_memory_of_config
-    from rllib_arpo.learner.rl_module import placeholder_spaces
-    from rllib_arpo.models.cache import resolve_model_path
+    from rllib_arpo.models.catalogue import resolve_model_path
+    from rllib_arpo.spaces import placeholder_spaces
 
     path = resolve_model_path(model_path)
     config = (
@@ -261,7 +261,7 @@ def main() -> None:
 def batch_of(shape: BatchShape, model_path: str) -> dict[str, np.ndarray]:
     from transformers import AutoConfig
 
-    from rllib_arpo.models.cache import resolve_model_path
+    from rllib_arpo.models.catalogue import resolve_model_path
 
     if shape.rollouts:
         return rollout_batch(shape.rollouts, model_path, shape.rollout_prompts)

@@ -117,7 +117,8 @@ def single_process_env() -> dict[str, str]:
 
 def prompt_batches(args) -> list[list]:
     """The prompts of every step, in the order this project's (only) EnvRunner draws them."""
-    from rllib_arpo.data.datasets import PromptStream, load_dataset
+    from rllib_arpo.data.prompt_stream import PromptStream
+    from rllib_arpo.data.registry import load_dataset
 
     stream = PromptStream(load_dataset(DATASET), seed=0)
     return [stream.next_batch(args.prompts) for _ in range(args.warmup + args.steps)]
@@ -207,21 +208,54 @@ def run_ours(args) -> dict:
 def run_trl(args) -> dict:
     import torch
     import trl
-    from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer
 
-    from rllib_arpo.core.rewards import RewardSettings, hierarchical_reward
-    from rllib_arpo.data.prompts import render_prompt
-    from rllib_arpo.models.cache import resolve_model_path
+    from rllib_arpo.models.catalogue import resolve_model_path
 
-    # the prompt text exactly as this project's EnvRunner encodes it (chat template or not), so both
-    # sides generate from the same tokens and TRL hands the reward function plain strings
+    per_step = args.prompts * args.rollouts
+    if per_step % args.micro_batch:
+        raise ValueError(f"P * M = {per_step} must be a multiple of --micro-batch {args.micro_batch}")
     model_path = str(resolve_model_path(args.model))
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    dataset = trl_dataset(args, AutoTokenizer.from_pretrained(model_path))
+    timings = {"generation_s": 0.0, "generate_and_score_s": 0.0, "generated_tokens": 0, "trained_tokens": 0}
+    timings["rewards"] = []
+    steps = []
+    with tempfile.TemporaryDirectory() as output_dir:
+        trainer = timed_grpo_trainer(timings)(
+            model=model_path,
+            reward_funcs=trl_reward_function(timings),
+            args=trl_config(args, output_dir),
+            train_dataset=dataset,
+            callbacks=[step_timer(timings, steps)],
+        )
+        trainer.train()
+    return {
+        "steps": steps,
+        "warmup": args.warmup,
+        "trl_version": trl.__version__,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def trl_dataset(args, tokenizer):
+    """The prompts of every step as a ``datasets.Dataset``: the prompt text exactly as this
+    project's EnvRunner encodes it (chat template or not), so both sides generate from the same
+    tokens and TRL hands the reward function plain strings, with each one's ground truth and task."""
+    from datasets import Dataset
+
+    from rllib_arpo.data.prompts import render_prompt
+
     examples = [example for batch in prompt_batches(args) for example in batch]
-    dataset = Dataset.from_list(
+    return Dataset.from_list(
         [{"prompt": render_prompt(tokenizer, e), "ground_truth": str(e.ground_truth), "task": e.task} for e in examples]
     )
+
+
+def trl_reward_function(timings: dict):
+    """This project's hierarchical reward as a TRL reward function; the rewards it gives are added
+    to ``timings["rewards"]``."""
+    from rllib_arpo.core.rewards import RewardSettings, hierarchical_reward
+
     settings = RewardSettings()
 
     def hierarchical(completions, ground_truth, task, **columns) -> list[float]:
@@ -233,8 +267,13 @@ def run_trl(args) -> dict:
         timings["rewards"] += rewards
         return rewards
 
-    timings = {"generation_s": 0.0, "generate_and_score_s": 0.0, "generated_tokens": 0, "trained_tokens": 0}
-    timings["rewards"] = []
+    return hierarchical
+
+
+def timed_grpo_trainer(timings: dict) -> type:
+    """TRL's ``GRPOTrainer`` that adds to ``timings`` its seconds in generation, its seconds in
+    generation and scoring, and the tokens it generated (all of them trained)."""
+    import trl
 
     class TimedGRPOTrainer(trl.GRPOTrainer):
         def _generate(self, prompts):
@@ -252,7 +291,14 @@ def run_trl(args) -> dict:
             timings["trained_tokens"] += tokens
             return output
 
-    steps = []
+    return TimedGRPOTrainer
+
+
+def step_timer(timings: dict, steps: list[dict]):
+    """A ``TrainerCallback`` that resets ``timings`` at each step's start and at its end appends
+    the step's figures to ``steps`` (the learner's time: the wall time less generation and
+    scoring)."""
+    from transformers import TrainerCallback
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, *_args, **_kwargs):
@@ -273,55 +319,47 @@ def run_trl(args) -> dict:
             )
             print(f"step {len(steps) - 1}: {steps[-1]}", flush=True)
 
+    return StepTimer()
+
+
+def trl_config(args, output_dir: str):
+    """The ``trl.GRPOConfig`` that matches this project's settings (module docstring): P * M
+    trajectories per step in micro-batches of ``--micro-batch``, the same sampling, learning
+    rate, clip range and token-mean loss, no KL term, on the CPU."""
+    import trl
+
     per_step = args.prompts * args.rollouts
-    if per_step % args.micro_batch:
-        raise ValueError(f"P * M = {per_step} must be a multiple of --micro-batch {args.micro_batch}")
-    with tempfile.TemporaryDirectory() as output_dir:
-        config = trl.GRPOConfig(
-            output_dir=output_dir,
-            max_steps=args.warmup + args.steps,
-            per_device_train_batch_size=args.micro_batch,
-            gradient_accumulation_steps=per_step // args.micro_batch,
-            num_generations=args.rollouts,
-            max_completion_length=args.max_tokens,
-            temperature=1.0,
-            top_p=1.0,
-            top_k=0,
-            learning_rate=args.lr,
-            lr_scheduler_type="constant",
-            warmup_steps=0,
-            weight_decay=0.0,
-            max_grad_norm=1.0,
-            optim="adamw_torch",
-            beta=0.0,
-            epsilon=0.2,
-            epsilon_high=0.28,
-            loss_type="dapo",
-            scale_rewards="group",
-            num_iterations=1,
-            shuffle_dataset=False,
-            use_cpu=True,
-            bf16=False,
-            seed=0,
-            logging_steps=1,
-            save_strategy="no",
-            report_to=[],
-            dataloader_num_workers=0,
-        )
-        trainer = TimedGRPOTrainer(
-            model=model_path,
-            reward_funcs=hierarchical,
-            args=config,
-            train_dataset=dataset,
-            callbacks=[StepTimer()],
-        )
-        trainer.train()
-    return {
-        "steps": steps,
-        "warmup": args.warmup,
-        "trl_version": trl.__version__,
-        "torch_threads": torch.get_num_threads(),
-    }
+    return trl.GRPOConfig(
+        output_dir=output_dir,
+        max_steps=args.warmup + args.steps,
+        per_device_train_batch_size=args.micro_batch,
+        gradient_accumulation_steps=per_step // args.micro_batch,
+        num_generations=args.rollouts,
+        max_completion_length=args.max_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        optim="adamw_torch",
+        beta=0.0,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        loss_type="dapo",
+        scale_rewards="group",
+        num_iterations=1,
+        shuffle_dataset=False,
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        dataloader_num_workers=0,
+    )
 
 
 # --- report ---------------------------------------------------------------------------------------

@@ -64,18 +64,15 @@ def median_result(runs: list[RunResult]) -> RunResult:
     return RunResult(**{f.name: statistics.median_low(getattr(r, f.name) for r in runs) for f in fields(RunResult)})
 
 
-def build_engine(name: str, model_path: str, args: argparse.Namespace):
-    if name == "hf":
-        from rllib_arpo.rollout.hf_engine import HFEngine
-
-        return HFEngine.from_pretrained(model_path, dtype=torch.float32)
-    if name == "vllm":
-        from rllib_arpo.rollout.vllm_engine import VLLMEngine
-
-        options = {"block_size": args.vllm_block_size} if args.vllm_block_size else {}
-        options["enable_chunked_prefill"] = False  # vLLM 0.32 CPU: seeded requests crash when a prefill is split
-        return VLLMEngine(model_path, dtype="float32", max_model_len=args.max_model_len, **options)
-    raise ValueError(f"unknown engine {name!r}; use hf or vllm")
+def engine_options(name: str, args: argparse.Namespace) -> dict:
+    """The ``engine_options`` this benchmark gives engine ``name`` (none to ``hf``)."""
+    if name != "vllm":
+        return {}
+    # enable_chunked_prefill: on vLLM 0.32's CPU build, seeded requests crash when a prefill is split
+    options = {"max_model_len": args.max_model_len, "enable_chunked_prefill": False}
+    if args.vllm_block_size:
+        options["block_size"] = args.vllm_block_size
+    return options
 
 
 def run_once(engine, tools, branching, settings, prompts, seed: int) -> RunResult:
@@ -138,8 +135,8 @@ def main() -> None:
     import rllib_arpo.tools  # noqa: F401  (registers the tools)
     from rllib_arpo.core.branching import NoBranching
     from rllib_arpo.data.tir_task import TIRTask, format_prompt
-    from rllib_arpo.models.cache import resolve_model_path
-    from rllib_arpo.rollout.engine import SamplingParams
+    from rllib_arpo.models.catalogue import resolve_model_path
+    from rllib_arpo.rollout.engine import ENGINES, SamplingParams
     from rllib_arpo.rollout.settings import RolloutSettings
     from rllib_arpo.tools.base import ToolExecutor, build_tools
 
@@ -166,7 +163,7 @@ def main() -> None:
     wall_ratios: dict[str, list[float]] = {}
     for name in args.engines.split(","):
         start = time.perf_counter()
-        engine = build_engine(name, model_path, args)
+        engine = ENGINES.get(name).build(model_path, torch.float32, engine_options(name, args))
         prompts = [
             engine.tokenizer.encode(format_prompt(e), add_special_tokens=False)
             for e in task.split("test")[: args.prompts]

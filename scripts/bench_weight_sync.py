@@ -9,7 +9,7 @@ Ray actors each holding the transformers engine of the policy:
 Then full against delta (``weight_sync: object_store`` against ``object_store_delta``) while the
 policy moves: float32 master weights take an Adam step at ``--lr`` between syncs, and each sync
 sends them in the engines' dtype (``--dtypes``), whole or as the elements changed since the last
-sync (``learner.weight_delta``). The gradients are random (seeded), so every element gets one:
+sync (``weights.delta``). The gradients are random (seeded), so every element gets one:
 an upper bound on what changes, since in RL the embedding rows of tokens absent from a batch get
 none.
 
@@ -38,7 +38,7 @@ class EngineHolder:
         from rllib_arpo.rollout.hf_engine import HFEngine
 
         self.engine = HFEngine.from_pretrained(model_path, dtype=getattr(torch, dtype))
-        self.weights = None  # the base of the next delta, as the EnvRunner keeps it
+        self.weights = None  # the base of the next delta, as an EnvRunner's DeltaReceiver keeps it
 
     def load(self, weights, keep: bool = False) -> None:
         if keep:  # object_store_delta's full send
@@ -46,9 +46,9 @@ class EngineHolder:
         self.engine.update_weights(weights, version=1)
 
     def load_delta(self, delta) -> None:
-        from rllib_arpo.learner import weight_delta
+        from rllib_arpo.weights.delta import apply
 
-        weight_delta.apply(self.weights, delta)
+        apply(self.weights, delta)
         self.engine.update_weights(self.weights, version=1)
 
     def open_weight_group(self, address: str, port: int, rank: int, world_size: int):
@@ -85,7 +85,7 @@ class AdamSteps:
 
 def full_against_delta(model_path: str, weights, args) -> None:
     """Bytes and seconds per sync of the full and the delta object-store sync, side by side."""
-    from rllib_arpo.learner import weight_delta
+    from rllib_arpo.weights.delta import encode, payload_bytes
 
     print(f"\nfull vs delta while the policy moves (Adam, lr {args.lr:g}, random gradients)")
     columns = f"{'dtype':<9} {'receivers':>9} {'full MB':>8} {'delta MB':>9} {'bytes':>6}"
@@ -104,14 +104,14 @@ def full_against_delta(model_path: str, weights, args) -> None:
                 ray.get([holder.load.remote(ray.put(new)) for holder in holders])
                 full_s.append(time.perf_counter() - start)
                 ray.get([holder.load.remote(ray.put(new), keep=True) for holder in holders])  # the delta's base
-                full_bytes.append(weight_delta.payload_bytes({name: {"full": t} for name, t in new.items()}))
+                full_bytes.append(payload_bytes({name: {"full": t} for name, t in new.items()}))
                 last_sent, new = new, step(dtype)
                 start = time.perf_counter()
-                delta = weight_delta.encode(last_sent, new)
+                delta = encode(last_sent, new)
                 reference = ray.put(delta)
                 ray.get([holder.load_delta.remote(reference) for holder in holders])
                 delta_s.append(time.perf_counter() - start)
-                delta_bytes.append(weight_delta.payload_bytes(delta))
+                delta_bytes.append(payload_bytes(delta))
                 last_sent = new
             full_mb, delta_mb = statistics.median(full_bytes) / 1e6, statistics.median(delta_bytes) / 1e6
             full, fast = statistics.median(full_s), statistics.median(delta_s)
@@ -135,8 +135,8 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from rllib_arpo.learner.checkpoint import load_weights, save_weights
-    from rllib_arpo.learner.weight_broadcast import WeightBroadcastGroup, WeightLayout, free_address
-    from rllib_arpo.models.cache import resolve_model_path
+    from rllib_arpo.models.catalogue import resolve_model_path
+    from rllib_arpo.weights.broadcast import WeightBroadcastGroup, WeightLayout, free_address
 
     model_path = resolve_model_path(args.model_path)
     weights = {k: v.detach() for k, v in AutoModelForCausalLM.from_pretrained(model_path).state_dict().items()}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-from rllib_arpo.models.tiny_policy import COPY_DRILL_STEPS, SFT_STEPS, VOCAB_SIZE, save_tiny_policy
+from rllib_arpo.cold_start.saved_tiny_policy import COPY_DRILL_STEPS, SFT_STEPS, VOCAB_SIZE, save_tiny_policy
 
 
 def main() -> None:

@@ -19,9 +19,9 @@ import time
 import numpy as np
 import torch
 
-from rllib_arpo.data.datasets import load_dataset
 from rllib_arpo.data.prompts import encode_prompt
-from rllib_arpo.models.cache import resolve_model_path
+from rllib_arpo.data.registry import load_dataset
+from rllib_arpo.models.catalogue import resolve_model_path
 from rllib_arpo.rollout.engine import SamplingParams
 from rllib_arpo.rollout.hf_engine import HFEngine
 

@@ -18,7 +18,7 @@ A chat model (a tokenizer with a chat template, such as SmolLM2-135M-Instruct) h
 the tag format, so its prompt is a chat: a system message that explains the tags, one worked
 example (a question of the valid split and its reference transcript, as user and assistant
 turns) and the question. A cold-started model (``rllib cold-start``) learned the prompt RL
-trains on (ARPO's system prompt and the question, ``data.datasets.tir_task_example``):
+trains on (ARPO's system prompt and the question, ``data.loaders.tir_task.tir_task_example``):
 ``--training-prompt`` uses that prompt, and ``--temperature`` the run's sampling temperature (it
 changes which tokens are drawn; the entropies are of softmax(logits), as the engines report them
 in training). ``--forced`` also measures on forced transcripts: the reference solution's tool
@@ -87,7 +87,7 @@ def trajectory_entropies(tree, window: int) -> list[EntropySample]:
 def encode_question(tokenizer, question: str, example_question: str, example_transcript: str) -> list[int]:
     """Plain ``Question: ...\\nAnswer: `` for a tokenizer without chat template (the tiny policy,
     trained on it), else a chat with the tag instructions and one worked example."""
-    from rllib_arpo.data.datasets import PromptExample
+    from rllib_arpo.data.examples import PromptExample
     from rllib_arpo.data.prompts import encode_prompt
 
     if not getattr(tokenizer, "chat_template", None):
@@ -219,10 +219,10 @@ def main() -> None:
 
     import rllib_arpo.tools  # noqa: F401  (registers the tools)
     from rllib_arpo.core.branching import NoBranching
-    from rllib_arpo.data.datasets import tir_task_example
+    from rllib_arpo.data.loaders.tir_task import tir_task_example
     from rllib_arpo.data.prompts import encode_prompt
     from rllib_arpo.data.tir_task import TIRTask, demonstration
-    from rllib_arpo.models.cache import resolve_model_path
+    from rllib_arpo.models.catalogue import resolve_model_path
     from rllib_arpo.rollout.hf_engine import HFEngine
     from rllib_arpo.rollout.settings import RolloutSettings
     from rllib_arpo.rollout.tree_rollout import TreeRollout

@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rllib_arpo.data.tir_task import TIRTask, format_prompt
-from rllib_arpo.models.cache import resolve_model_path
+from rllib_arpo.models.catalogue import resolve_model_path
 from rllib_arpo.models.expand import expand_qwen2
 
 

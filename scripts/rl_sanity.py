@@ -4,7 +4,7 @@
     python scripts/rl_sanity.py --model DIR --engine hf --iterations 7 --max-response-tokens 32 --lr 3e-2
 
 The second is CI's: DIR holds the tiny policy before its warm start
-(``models.tiny_policy.save_tiny_policy(DIR, sft_steps=0)``), whose responses are noise of every
+(``cold_start.saved_tiny_policy.save_tiny_policy(DIR, sft_steps=0)``), whose responses are noise of every
 length, so the length is all there is to learn.
 
 The same RLlib algorithm, EnvRunner, engine, learner and weight sync as training, on the

@@ -37,7 +37,7 @@ def smollm2_path(tmp_path_factory):
     when ``RLLIB_ARPO_TEST_MODEL_CACHE`` names one."""
     if importlib.util.find_spec("gguf") is None:  # installed, a broken import fails the tests
         pytest.skip("needs the smollm2 extra")
-    from rllib_arpo.models.cache import SMOLLM2_DIRECTORY
+    from rllib_arpo.models.catalogue import SMOLLM2_DIRECTORY
     from rllib_arpo.models.smollm2 import load_or_build_smollm2
 
     cache = os.environ.get("RLLIB_ARPO_TEST_MODEL_CACHE") or tmp_path_factory.mktemp("smollm2_cache")
@@ -69,7 +69,7 @@ def tiny_policy_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_model_path(tiny_policy_cache):
     """The shipped tiny policy's directory (what ``model_path: tiny`` resolves to)."""
-    from rllib_arpo.models.cache import SHIPPED_TINY_POLICY
+    from rllib_arpo.models.catalogue import SHIPPED_TINY_POLICY
 
     return str(SHIPPED_TINY_POLICY)
 

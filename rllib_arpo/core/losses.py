@@ -46,24 +46,56 @@ class PolicyLossTerms(NamedTuple):
     clipped: torch.Tensor
 
 
-PolicyLoss = Callable[..., PolicyLossTerms]
-"""Signature: ``(logprobs, old_logprobs, advantages, *, eps_low, eps_high, dual_clip)``."""
+@dataclass(frozen=True)
+class PolicyLoss:
+    """A registered policy loss, called as its function is.
 
-POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+    Attributes:
+        fn: ``fn(logprobs, old_logprobs, advantages, *, eps_low, eps_high, dual_clip) -> PolicyLossTerms``.
+        refuses_dual_clip: None for a clipped surrogate, whose objective a dual clip c > 1 caps for
+            negative advantages; else why the loss takes no dual clip (the end of the error).
+    """
+
+    fn: Callable[..., PolicyLossTerms]
+    refuses_dual_clip: str | None = None
+
+    def __call__(
+        self,
+        logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        *,
+        eps_low: float,
+        eps_high: float,
+        dual_clip: float | None = None,
+    ) -> PolicyLossTerms:
+        self.check_dual_clip(dual_clip)
+        return self.fn(logprobs, old_logprobs, advantages, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip)
+
+    def check_dual_clip(self, dual_clip: float | None) -> None:
+        """``dual_clip`` is None, or a constant c > 1 for a loss that takes one (``refuses_dual_clip``)."""
+        if dual_clip is None:
+            return
+        if not dual_clip > 1:
+            raise ValueError(f"dual_clip must be > 1 (or null), got {dual_clip!r}")
+        if self.refuses_dual_clip is not None:
+            raise ValueError(
+                f"dual_clip applies to the clipped-surrogate losses; policy_loss {self.fn.__name__} "
+                f"{self.refuses_dual_clip} (set dual_clip: null)"
+            )
 
 
-def check_dual_clip(dual_clip: float | None, policy_loss: str = "ppo_clip") -> None:
-    """``dual_clip`` is None, or a constant c > 1 for a loss with a clipped surrogate: ``cispo``
-    bounds its importance weight already and takes none."""
-    if dual_clip is None:
-        return
-    if not dual_clip > 1:
-        raise ValueError(f"dual_clip must be > 1 (or null), got {dual_clip!r}")
-    if policy_loss == "cispo":
-        raise ValueError(
-            "dual_clip applies to the clipped-surrogate losses; policy_loss cispo bounds its importance weight "
-            "already (set dual_clip: null)"
-        )
+class PolicyLossRegistry(Registry[PolicyLoss]):
+    """``Registry`` whose ``register`` decorates a plain loss function and returns its ``PolicyLoss``."""
+
+    def register(self, *names: str, refuses_dual_clip: str | None = None) -> Callable[..., PolicyLoss]:
+        def decorator(fn: Callable[..., PolicyLossTerms]) -> PolicyLoss:
+            return Registry.register(self, *names)(PolicyLoss(fn, refuses_dual_clip))
+
+        return decorator
+
+
+POLICY_LOSSES = PolicyLossRegistry("policy loss")
 
 
 def check_tis_cap(tis_cap: float | None) -> None:
@@ -100,7 +132,6 @@ def _clipped_surrogate(
         kept = rescaled if side in keep_gradient_at else bound.detach()
         objective = torch.where(on_side, kept * advantages, objective)
     clipped = upper | lower
-    check_dual_clip(dual_clip)
     if dual_clip is not None:
         # For A < 0 the objective r A is unbounded below as r grows: cap it at c A.
         dual_clipped = (advantages < 0) & (objective < dual_clip * advantages)
@@ -212,7 +243,7 @@ def aepo_clip(
     )
 
 
-@POLICY_LOSSES.register("cispo")
+@POLICY_LOSSES.register("cispo", refuses_dual_clip="bounds its importance weight already")
 def cispo(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -232,7 +263,6 @@ def cispo(
     MiniMax-M1 effectively clips only the upper side (a large eps_low). ``clipped`` marks tokens
     whose weight was clipped. There is no dual clip (the weight is already bounded).
     """
-    check_dual_clip(dual_clip, "cispo")
     ratio = torch.exp(logprobs - old_logprobs).detach()
     weight = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     clipped = (ratio < 1.0 - eps_low) | (ratio > 1.0 + eps_high)
@@ -356,6 +386,14 @@ def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     return float(values[mask].mean()) if mask.any() else 0.0
 
 
+def _check_same_shape(logprobs: torch.Tensor, old_logprobs: torch.Tensor, loss_mask: torch.Tensor) -> None:
+    if not logprobs.shape == old_logprobs.shape == loss_mask.shape:
+        raise ValueError(
+            f"logprobs {tuple(logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} and "
+            f"loss_mask {tuple(loss_mask.shape)} must have the same [B, T] shape"
+        )
+
+
 def compute_policy_loss(
     name: str,
     logprobs: torch.Tensor,
@@ -378,14 +416,8 @@ def compute_policy_loss(
 
         L = agg_mode( w_t * l_t + kl_coef * KL_t ) over the tokens with loss_mask = 1
 
-    w_t = 1, or with ``tis_cap`` C the truncated importance weight of the sampler's tokens
-    (truncated importance sampling, as verl and slime apply it):
-
-        w_t = sg(min(pi_old(a_t | s_t) / pi_sampler(a_t | s_t), C))
-
-    where pi_old is the learner's own policy before the update (``old_logprobs`` recomputed by
-    the learner) and pi_sampler the engine's, which sampled the token: the policy gradient is
-    then taken under the learner's numerics although the engine's drew the tokens.
+    w_t = 1, or with ``tis_cap`` C the truncated importance weight of the engine's tokens
+    (``truncated_importance_weights``).
 
     Args:
         name: a name in ``POLICY_LOSSES`` (``ppo_clip``, ``sg_clip``, ``cispo``).
@@ -403,57 +435,74 @@ def compute_policy_loss(
         tis_cap: C >= 1 of the truncated importance weight (``None`` = no weight).
 
     Returns:
-        ``(loss, metrics)``. Metrics are floats over the masked tokens (0.0 when there are none):
-        ``policy_loss`` (the aggregated policy term), ``clip_fraction`` (share of tokens where
-        the clip was active), ``approx_kl`` (k3 estimate of KL(pi_old || pi_theta)),
-        ``ratio_mean``, ``ratio_min``, ``ratio_max``, ``kl`` (token mean of the KL
-        estimate to pi_ref) when ``ref_logprobs`` is given, and with ``tis_cap``
-        ``tis_weight_mean`` and ``tis_truncated_fraction`` (share of tokens with w_t = C).
+        ``(loss, metrics)``, the metrics of ``_policy_loss_metrics``.
     """
-    if not logprobs.shape == old_logprobs.shape == loss_mask.shape:
-        raise ValueError(
-            f"logprobs {tuple(logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} and "
-            f"loss_mask {tuple(loss_mask.shape)} must have the same [B, T] shape"
-        )
+    _check_same_shape(logprobs, old_logprobs, loss_mask)
     policy_loss = POLICY_LOSSES.get(name)
     old_logprobs, advantages = old_logprobs.detach(), advantages.detach()
     terms = policy_loss(logprobs, old_logprobs, advantages, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip)
-    policy_per_token = terms.per_token_loss
+    policy_per_token, weights = terms.per_token_loss, None
     if tis_cap is not None:
         if sampler_logprobs is None:
             raise ValueError("tis_cap needs sampler_logprobs (the engine's log-probs of the sampled tokens)")
         weights = truncated_importance_weights(old_logprobs, sampler_logprobs.detach(), tis_cap)
         policy_per_token = weights * policy_per_token
-    per_token_loss = policy_per_token
+    per_token_loss, kl = policy_per_token, None
     if ref_logprobs is not None:
         kl = kl_penalty(logprobs, ref_logprobs.detach(), kl_kind)
         per_token_loss = per_token_loss + kl_coef * kl
     loss = aggregate_loss(per_token_loss, loss_mask, agg_mode, token_sum_norm)
-
-    mask = loss_mask.bool()
     with torch.no_grad():
         policy_term = aggregate_loss(policy_per_token, loss_mask, agg_mode, token_sum_norm)
-        ratio = torch.exp(logprobs - old_logprobs)[mask]
-        metrics = {
-            "policy_loss": float(policy_term),
-            "clip_fraction": _masked_mean(terms.clipped.float(), mask),
-            "approx_kl": _masked_mean(kl_penalty(old_logprobs, logprobs, "k3"), mask),
-            "ratio_mean": float(ratio.mean()) if ratio.numel() else 0.0,
-            "ratio_min": float(ratio.min()) if ratio.numel() else 0.0,
-            "ratio_max": float(ratio.max()) if ratio.numel() else 0.0,
-        }
-        if ref_logprobs is not None:
-            metrics["kl"] = _masked_mean(kl, mask)
-        if tis_cap is not None:
-            metrics["tis_weight_mean"] = _masked_mean(weights, mask)
-            metrics["tis_truncated_fraction"] = _masked_mean((weights >= tis_cap).float(), mask)
+        metrics = _policy_loss_metrics(
+            policy_term, terms.clipped, logprobs, old_logprobs, loss_mask.bool(), kl, weights, tis_cap
+        )
     return loss, metrics
+
+
+def _policy_loss_metrics(
+    policy_term: torch.Tensor,
+    clipped: torch.Tensor,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    kl: torch.Tensor | None,
+    weights: torch.Tensor | None,
+    tis_cap: float | None,
+) -> dict[str, float]:
+    """The metrics of ``compute_policy_loss``, floats over the tokens of ``mask`` (0.0 when there
+    are none): ``policy_loss`` (``policy_term``, the aggregated policy term), ``clip_fraction``
+    (share of tokens where the clip was active), ``approx_kl`` (k3 estimate of
+    KL(pi_old || pi_theta)), ``ratio_mean``, ``ratio_min``, ``ratio_max``, ``kl`` (token mean of
+    the KL estimate to pi_ref) when there is a KL term, and with ``tis_cap`` ``tis_weight_mean``
+    and ``tis_truncated_fraction`` (share of tokens with w_t = C)."""
+    ratio = torch.exp(logprobs - old_logprobs)[mask]
+    metrics = {
+        "policy_loss": float(policy_term),
+        "clip_fraction": _masked_mean(clipped.float(), mask),
+        "approx_kl": _masked_mean(kl_penalty(old_logprobs, logprobs, "k3"), mask),
+        "ratio_mean": float(ratio.mean()) if ratio.numel() else 0.0,
+        "ratio_min": float(ratio.min()) if ratio.numel() else 0.0,
+        "ratio_max": float(ratio.max()) if ratio.numel() else 0.0,
+    }
+    if kl is not None:
+        metrics["kl"] = _masked_mean(kl, mask)
+    if weights is not None:
+        metrics["tis_weight_mean"] = _masked_mean(weights, mask)
+        metrics["tis_truncated_fraction"] = _masked_mean((weights >= tis_cap).float(), mask)
+    return metrics
 
 
 def truncated_importance_weights(
     old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, cap: float
 ) -> torch.Tensor:
-    """w_t = min(exp(log pi_old - log pi_sampler), C), no gradient: the weight of a token drawn by
-    the sampler (the engine) in a loss taken under pi_old (the learner's numerics)."""
+    """The truncated importance weight of a token drawn by the sampler (the engine) in a loss taken
+    under pi_old (truncated importance sampling, as verl and slime apply it), no gradient:
+
+        w_t = sg(min(pi_old(a_t | s_t) / pi_sampler(a_t | s_t), C))
+
+    pi_old is the learner's own policy before the update (``old_logprobs`` recomputed by the
+    learner) and pi_sampler the engine's, which sampled the token: the policy gradient is then
+    taken under the learner's numerics although the engine's drew the tokens."""
     check_tis_cap(cap)
     return torch.exp(old_logprobs - sampler_logprobs).clamp(max=cap).detach()

@@ -26,7 +26,7 @@ import math
 import re
 import string
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Literal
@@ -38,7 +38,6 @@ from math_verify.errors import TimeoutException
 from rllib_arpo.core.settings import setting
 
 Task = Literal["qa", "math"]
-Metric = Literal["em", "f1", "math"]
 GroundTruth = str | Sequence[str]
 
 DEFAULT_TOOL_TAGS: tuple[str, ...] = ("search", "python", "browse")
@@ -213,16 +212,26 @@ def math_equal(
         return False
 
 
-def score_answer(prediction: str | None, ground_truth: GroundTruth, metric: Metric) -> float:
-    """Correctness S in [0, 1] of an extracted answer: ``"em"`` (exact match), ``"f1"`` (token
-    F1) or ``"math"`` (1.0 if ``math_equal`` to any ground truth, else 0.0)."""
-    if metric == "em":
-        return exact_match(prediction, ground_truth)
-    if metric == "f1":
-        return token_f1(prediction, ground_truth)
-    if metric == "math":
-        return float(any(math_equal(prediction, g) for g in _as_list(ground_truth)))
-    raise ValueError(f"unknown metric {metric!r}; expected 'em', 'f1' or 'math'")
+def math_match(prediction: str | None, references: GroundTruth) -> float:
+    """1.0 if the prediction is ``math_equal`` to any reference, else 0.0."""
+    return float(any(math_equal(prediction, r) for r in _as_list(references)))
+
+
+CORRECTNESS_METRICS: dict[str, Callable[[str | None, GroundTruth], float]] = {
+    "em": exact_match,
+    "f1": token_f1,
+    "math": math_match,
+}
+"""Correctness metric name (``RewardSettings.correctness``) -> S in [0, 1] of an extracted answer
+against the ground truth."""
+
+
+def score_answer(prediction: str | None, ground_truth: GroundTruth, metric: str) -> float:
+    """Correctness S in [0, 1] of an extracted answer with the metric ``CORRECTNESS_METRICS`` names:
+    ``"em"`` (exact match), ``"f1"`` (token F1) or ``"math"`` (``math_match``)."""
+    if metric not in CORRECTNESS_METRICS:
+        raise ValueError(f"unknown metric {metric!r}; expected one of {', '.join(CORRECTNESS_METRICS)}")
+    return CORRECTNESS_METRICS[metric](prediction, ground_truth)
 
 
 # --- format check -----------------------------------------------------------------------------
@@ -322,7 +331,9 @@ class RewardSettings:
     format_penalty: float = setting(-1.0, "R of a response that breaks the TIR format (the reference: -1).")
     correctness: str = setting(
         "auto",
-        "Correctness S: `auto` (token F1 for QA, math equivalence for math, as the reference), `em`, `f1`, `math`.",
+        "Correctness S: `auto` (token F1 for QA, math equivalence for math, as the reference), "
+        + ", ".join(f"`{metric}`" for metric in CORRECTNESS_METRICS)
+        + ".",
     )
     correctness_weight: float = setting(
         1.0, "Weight of S in the reward; 0 leaves the format penalty and the shaping (pipeline checks: rl_sanity)."
@@ -339,8 +350,9 @@ class RewardSettings:
     overlong_penalty_factor: float = setting(1.0, "DAPO's overlong shaping: the penalty at max_response_tokens.")
 
     def __post_init__(self) -> None:
-        if self.correctness not in ("auto", "em", "f1", "math"):
-            raise ValueError(f"correctness must be one of auto, em, f1, math, got {self.correctness!r}")
+        if self.correctness != "auto" and self.correctness not in CORRECTNESS_METRICS:
+            choices = ", ".join(["auto", *CORRECTNESS_METRICS])
+            raise ValueError(f"correctness must be one of {choices}, got {self.correctness!r}")
         if not self.correctness_weight >= 0:
             raise ValueError(f"correctness_weight must be >= 0, got {self.correctness_weight!r}")
         if not 0.0 <= self.overlong_buffer_fraction <= 1.0 or self.overlong_penalty_factor < 0:
@@ -394,7 +406,7 @@ def hierarchical_reward(
     if task not in ("qa", "math"):
         raise ValueError(f"unknown task {task!r}; expected 'qa' or 'math'")
     correctness = settings.correctness
-    metric: Metric = ("math" if task == "math" else "f1") if correctness == "auto" else correctness
+    metric = ("math" if task == "math" else "f1") if correctness == "auto" else correctness
     check = validate_format(response, tool_tags)
     answer = extract_answer(response)
     score = score_answer(answer, ground_truth, metric)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from rllib_arpo.core.rewards import normalize_answer
-from rllib_arpo.data.datasets import PromptExample
+from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.data.prompts import tir_messages
 from rllib_arpo.tools.base import wrap_result
 

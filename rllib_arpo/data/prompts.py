@@ -21,10 +21,8 @@ the decoded text, so a stop string is found whichever tokens spell it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from rllib_arpo.data.datasets import PromptExample
+from rllib_arpo.data.examples import PromptExample
 
 TIR_SYSTEM_PROMPT = (
     "Answer the question step by step. Think inside <think> </think>. To look facts up, write a "

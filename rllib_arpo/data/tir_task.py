@@ -58,7 +58,7 @@ from typing import Literal
 
 import numpy as np
 
-from rllib_arpo.tools.base import ToolCall, wrap_result
+from rllib_arpo.tools.base import ToolCall, ToolResult, wrap_result
 
 QuestionKind = Literal["search", "python", "both"]
 DemonstrationQuality = Literal["perfect", "skipped_tool", "stopped_early", "arithmetic_slip"]
@@ -209,19 +209,11 @@ class TIRExample:
 
 
 @dataclass(frozen=True)
-class ToolTurn:
-    """One tool call of a transcript and the text the tool returned."""
-
-    call: ToolCall
-    result: str
-
-
-@dataclass(frozen=True)
 class ReferenceSolution:
-    """The tool turns a correct solver takes and the answer it reads from their results (None
-    when a result did not contain what was needed)."""
+    """The tool calls a correct solver makes, each with what came back (``ToolResult``), and the
+    answer it reads from their results (None when a result did not contain what was needed)."""
 
-    turns: tuple[ToolTurn, ...]
+    turns: tuple[ToolResult, ...]
     answer: str | None
 
 
@@ -305,17 +297,17 @@ def reference_solution(example: TIRExample, *, search: ToolFn, python: ToolFn) -
     tool echoes the value of a final expression, like the interactive interpreter) and the answer
     is the integer it returns; otherwise the answer is the single looked-up value.
     """
-    turns: list[ToolTurn] = []
+    turns: list[ToolResult] = []
     values: list[int] = []
     for fact in example.facts:
         result = search(fact.query)
-        turns.append(ToolTurn(ToolCall("search", fact.query), result))
+        turns.append(ToolResult(ToolCall("search", fact.query), result))
         value = fact.read_from(result)
         new_name = renamed_to(fact.entity, result) if value is None else None
         if new_name is not None:
             fact = replace(fact, entity=new_name)
             result = search(fact.query)
-            turns.append(ToolTurn(ToolCall("search", fact.query), result))
+            turns.append(ToolResult(ToolCall("search", fact.query), result))
             value = fact.read_from(result)
         if value is None:
             return ReferenceSolution(tuple(turns), None)
@@ -324,7 +316,7 @@ def reference_solution(example: TIRExample, *, search: ToolFn, python: ToolFn) -
         return ReferenceSolution(tuple(turns), str(values[0]))
     code = example.calculation.format(*values)
     result = python(code)
-    turns.append(ToolTurn(ToolCall("python", code), result))
+    turns.append(ToolResult(ToolCall("python", code), result))
     returned = result.strip()
     return ReferenceSolution(tuple(turns), returned if _INTEGER.fullmatch(returned) else None)
 
@@ -371,14 +363,14 @@ def demonstration(
     if quality == "arithmetic_slip":
         if turns[-1].call.name == "python":
             code = _slip_one_number(turns[-1].call.query, rng)
-            turns[-1] = ToolTurn(ToolCall("python", code), python(code))
-            return _transcript(turns, turns[-1].result.strip())
+            turns[-1] = ToolResult(ToolCall("python", code), python(code))
+            return _transcript(turns, turns[-1].text.strip())
         return _transcript(turns, str(_slip_digit(int(answer), rng)))
     raise ValueError(f"unknown demonstration quality {quality!r}; choose from {DEMONSTRATION_QUALITIES}")
 
 
 # --- transcript rendering ---------------------------------------------------------------------
-def _transcript(turns: list[ToolTurn], answer: str | None, final_thought: str | None = None) -> str:
+def _transcript(turns: list[ToolResult], answer: str | None, final_thought: str | None = None) -> str:
     """Each tool turn after a short thought, then (unless ``answer`` is None) the final thought if
     any and the boxed answer, joined by single spaces. A tool result is written exactly as the
     tree rollout appends it after the call's closing tag (``tools.base.wrap_result``)."""
@@ -386,7 +378,7 @@ def _transcript(turns: list[ToolTurn], answer: str | None, final_thought: str | 
     for turn in turns:
         name, query = turn.call.name, turn.call.query
         thought = f"I need the {query}." if name == "search" else "I compute it with Python."
-        parts.append(f"<think> {thought} </think> <{name}> {query} </{name}>{wrap_result(turn.result)}")
+        parts.append(f"<think> {thought} </think> <{name}> {query} </{name}>{wrap_result(turn.text)}")
     if answer is not None:
         if final_thought is not None:
             parts.append(f"<think> {final_thought} </think>")

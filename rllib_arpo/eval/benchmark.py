@@ -6,14 +6,14 @@
 ``POLICY`` is a named model (``tiny``, ``smollm2-135m``), a ``save_pretrained`` directory, or a
 training checkpoint (an ``rllib train`` checkpoint directory: the policy it holds as a
 transformers directory, ``checkpoint_*/policy``). Each benchmark is a ``.jsonl`` file (``question`` / ``answer``
-lines, the task from ``data.datasets.BENCHMARK_TASKS``), a verl ``.parquet`` file, or
+lines, the task from ``data.loaders.jsonl.BENCHMARK_TASKS``), a verl ``.parquet`` file, or
 ``tir_task[:split]`` (the embedded task, default split ``test``), or the embedded task as a JSON
 spec with its options, as a config's ``held_out_dataset`` gives it
 (``'{"type": "tir_task", "split": "test", "num_test": 256}'``: the questions a run held out).
 
 Engine, tools, rollout lengths and reward come from the run's config (``--experiment`` file, then
 ``--config`` overrides), exactly as in training; the questions of each benchmark are searched in
-that benchmark's own corpus where it brings one (``data.datasets.tools_for_dataset``). Scores and
+that benchmark's own corpus where it brings one (``data.dataset_tools.tools_for_dataset``). Scores and
 accuracy are the training ones (``eval.evaluate``). Output:
 
 - a table, one row per benchmark (pass@1 and pass@k, format-error rate, tool calls and response
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.core.settings import from_config
-from rllib_arpo.eval.evaluate import rollout_questions, summarize
+from rllib_arpo.eval.evaluate import QuestionResult, rollout_questions, summarize
 from rllib_arpo.rollout.settings import RolloutSettings
 
 TIR_TASK = "tir_task"
@@ -68,7 +68,7 @@ def policy_directory(policy: str) -> str:
     """A ``save_pretrained`` directory for ``policy`` (module docstring): named models and
     directories as they are, a training checkpoint's exported policy (``checkpoint_*/policy``)."""
     from rllib_arpo.learner.checkpoint import POLICY_DIRECTORY
-    from rllib_arpo.models.cache import NAMED_MODELS, resolve_model_path
+    from rllib_arpo.models.catalogue import NAMED_MODELS, resolve_model_path
 
     if policy in NAMED_MODELS:
         return resolve_model_path(policy)
@@ -99,9 +99,8 @@ def evaluate_benchmarks(
     on every benchmark of ``specs``; write the table and transcripts into ``output_dir`` and
     return the table (a pandas DataFrame)."""
     import rllib_arpo.tools  # noqa: F401  (registers the tools)
-    from rllib_arpo.data.datasets import load_dataset, tools_for_dataset
+    from rllib_arpo.data.registry import load_dataset
     from rllib_arpo.rollout.env_runner import build_engine
-    from rllib_arpo.tools.base import ToolExecutor, build_tools
 
     ks = sorted({k for k in ks if k > 1})
     if ks and ks[-1] > samples:
@@ -112,8 +111,64 @@ def evaluate_benchmarks(
     engine = build_engine(config)
     engine_minutes = (time.perf_counter() - start) / 60
     rollout_settings = from_config(RolloutSettings, config)
-    reward_settings = from_config(RewardSettings, config)
-    settings = {
+    settings = _run_settings(config, rollout_settings, engine_minutes, samples, temperature, top_p, limit, seed)
+    choices = {  # of rollout_questions
+        "samples": samples,
+        "rollout_settings": rollout_settings,
+        "reward_settings": from_config(RewardSettings, config),
+        "temperature": temperature,
+        "top_p": top_p,
+        "seed": seed,
+        "progress": progress,
+    }
+    rows = []
+    try:
+        for spec in specs:
+            name = benchmark_name(spec)
+            examples = load_dataset(spec)[:limit]
+            if progress:
+                print(f"{name}: {len(examples)} questions x {samples} samples", flush=True)
+            results, minutes = _roll_out(engine, config, spec, examples, **choices)
+            _write_transcripts(output_dir / "transcripts" / f"{name}.jsonl", results)
+            metrics = summarize(results, tuple(config.tools), ks)
+            rows.append(_table_row(name, len(results), samples, metrics, ks, config.tools, minutes))
+            table = _write_table(rows, settings, output_dir)  # after every benchmark: nothing lost on a crash
+    finally:
+        if hasattr(engine, "close"):
+            engine.close()
+    return table
+
+
+def _roll_out(engine, config, spec: dict, examples: list, **choices) -> tuple[list[QuestionResult], float]:
+    """``rollout_questions(..., **choices)`` of ``examples`` with the run's tools that benchmark
+    ``spec`` has (``tools_for_dataset``), and the minutes it took."""
+    from rllib_arpo.data.dataset_tools import tools_for_dataset
+    from rllib_arpo.tools.base import ToolExecutor, build_tools
+
+    tools = ToolExecutor(
+        build_tools(tools_for_dataset(config.tools, spec)),
+        max_workers=config.tool_workers,
+        timeout_s=config.tool_timeout_s,
+    )
+    start = time.perf_counter()
+    with tools:
+        results = rollout_questions(engine, examples, tools, **choices)
+    return results, (time.perf_counter() - start) / 60
+
+
+def _run_settings(
+    config,
+    rollout_settings: RolloutSettings,
+    engine_minutes: float,
+    samples: int,
+    temperature: float,
+    top_p: float,
+    limit: int | None,
+    seed: int,
+) -> dict:
+    """The settings written beside the table: the policy and engine, the sampling choices, the
+    tools and the rollout's limits."""
+    return {
         "policy": config.model_path,
         "engine": config.engine,
         "engine_start_minutes": engine_minutes,
@@ -127,50 +182,29 @@ def evaluate_benchmarks(
         "max_response_tokens": rollout_settings.max_response_tokens,
         "max_tool_result_tokens": rollout_settings.max_tool_result_tokens,
     }
-    rows = []
-    try:
-        for spec in specs:
-            name = benchmark_name(spec)
-            examples = load_dataset(spec)[:limit]
-            tools = ToolExecutor(
-                build_tools(tools_for_dataset(config.tools, spec)),
-                max_workers=config.tool_workers,
-                timeout_s=config.tool_timeout_s,
-            )
-            if progress:
-                print(f"{name}: {len(examples)} questions x {samples} samples", flush=True)
-            start = time.perf_counter()
-            with tools:
-                results = rollout_questions(
-                    engine,
-                    examples,
-                    tools,
-                    samples=samples,
-                    rollout_settings=rollout_settings,
-                    reward_settings=reward_settings,
-                    temperature=temperature,
-                    top_p=top_p,
-                    seed=seed,
-                    progress=progress,
-                )
-            minutes = (time.perf_counter() - start) / 60
-            metrics = summarize(results, tuple(config.tools), ks)
-            with open(output_dir / "transcripts" / f"{name}.jsonl", "w", encoding="utf-8") as file:
-                for result in results:
-                    file.write(json.dumps(result.transcript(), ensure_ascii=False) + "\n")
-            row = {"benchmark": name, "questions": len(results), "samples": samples, "pass@1": metrics["accuracy"]}
-            row.update({f"pass@{k}": metrics[f"pass@{k}"] for k in ks})
-            row["format_error_rate"] = metrics["format_error_rate"]
-            row["tool_calls"] = sum(metrics[f"tool_calls_per_question/{tool}"] for tool in config.tools)
-            row.update({f"{tool}_calls": metrics[f"tool_calls_per_question/{tool}"] for tool in config.tools})
-            row["response_tokens"] = metrics["response_tokens_mean"]
-            row["minutes"] = minutes
-            rows.append(row)
-            table = _write_table(rows, settings, output_dir)  # after every benchmark: nothing lost on a crash
-    finally:
-        if hasattr(engine, "close"):
-            engine.close()
-    return table
+
+
+def _write_transcripts(path: Path, results: Sequence[QuestionResult]) -> None:
+    """One JSON line per question: its ``QuestionResult.transcript()``."""
+    with open(path, "w", encoding="utf-8") as file:
+        for result in results:
+            file.write(json.dumps(result.transcript(), ensure_ascii=False) + "\n")
+
+
+def _table_row(
+    name: str, questions: int, samples: int, metrics: dict, ks: Sequence[int], tools: Sequence[str], minutes: float
+) -> dict:
+    """One benchmark's row of the table from its ``summarize`` metrics: pass@1 (the accuracy) and
+    pass@k, the format error rate, tool calls per question (all tools, then each), response
+    tokens and minutes."""
+    row = {"benchmark": name, "questions": questions, "samples": samples, "pass@1": metrics["accuracy"]}
+    row.update({f"pass@{k}": metrics[f"pass@{k}"] for k in ks})
+    row["format_error_rate"] = metrics["format_error_rate"]
+    row["tool_calls"] = sum(metrics[f"tool_calls_per_question/{tool}"] for tool in tools)
+    row.update({f"{tool}_calls": metrics[f"tool_calls_per_question/{tool}"] for tool in tools})
+    row["response_tokens"] = metrics["response_tokens_mean"]
+    row["minutes"] = minutes
+    return row
 
 
 def _write_table(rows: list[dict], settings: dict, output_dir: Path):

@@ -5,12 +5,12 @@ The questions go through the training rollout (``TreeRollout``) with M = N = n a
 greedy) and ``top_p``. Trajectories are scored exactly as in training (``rollout.scoring.score_trees``
 with the run's ``RewardSettings`` and tools).
 
-Questions are ``data.datasets.PromptExample`` (any dataset: the embedded task, verl parquet,
+Questions are ``data.examples.PromptExample`` (any dataset: the embedded task, verl parquet,
 JSONL benchmarks). Metrics (``summarize``; means over questions, and over a question's samples):
     accuracy: ``core.rewards.accuracy``, the mean correctness S (math equivalence 1/0 or token
         F1 with the ground truth), the same definition as in training; it is pass@1. Also per
-        source (``accuracy/<source>``: for the embedded task, the question kinds ``search``,
-        ``python`` and ``both``);
+        source (``accuracy/<source>``, ``rollout.scoring.accuracy_by_source`` as in training:
+        for the embedded task, the question kinds ``search``, ``python`` and ``both``);
     pass@k: ``core.rewards.pass_at_k`` for every requested k (1 < k <= n), the unbiased
         estimator from the n samples of each question;
     format_error_rate: share of responses that fail ``validate_format``;
@@ -32,10 +32,11 @@ from tqdm.auto import tqdm
 from rllib_arpo.core.branching import NoBranching
 from rllib_arpo.core.rewards import RewardBreakdown, RewardSettings, accuracy, pass_at_k
 from rllib_arpo.core.settings import from_config
-from rllib_arpo.data.datasets import DATASET_LOADERS, PromptExample, load_dataset
+from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.data.prompts import encode_prompt
+from rllib_arpo.data.registry import DATASET_LOADERS, load_dataset
 from rllib_arpo.rollout.engine import GenerationEngine
-from rllib_arpo.rollout.scoring import score_trees
+from rllib_arpo.rollout.scoring import accuracy_by_source, score_trees
 from rllib_arpo.rollout.settings import RolloutSettings
 from rllib_arpo.rollout.tree_rollout import TreeRollout
 from rllib_arpo.tools.base import ToolExecutor
@@ -133,11 +134,9 @@ def summarize(results: Sequence[QuestionResult], tool_names: Sequence[str], ks: 
     for k in ks:
         correctness = [[score.correctness for score in result.scores] for result in results]
         metrics[f"pass@{k}"] = float(np.mean([pass_at_k(scores, k) for scores in correctness]))
-    for source in sorted({result.example.source for result in results}):
-        of_source = [result for result in results if result.example.source == source]
-        metrics[f"accuracy/{source.removeprefix('tir_task/')}"] = float(
-            np.mean([accuracy(result.scores) for result in of_source])
-        )
+    metrics.update(
+        accuracy_by_source([result.example.source for result in results], [result.scores for result in results])
+    )
     for name in tool_names:
         calls = [call.get(name, 0) for result in results for call in result.tool_calls]
         metrics[f"tool_calls_per_question/{name}"] = float(np.mean(calls))
@@ -171,17 +170,22 @@ def evaluate_policy(
     return summarize(results, tuple(tools.tools))
 
 
+def held_out_dataset(config) -> dict:
+    """The held-out dataset spec of an ``ARPOConfig``: ``held_out_dataset``, or the training
+    dataset's held-out split where its type declares one (``DatasetLoader.held_out_split``: the
+    ``tir_task``'s ``test``)."""
+    if config.held_out_dataset is not None:
+        return config.held_out_dataset
+    split = DATASET_LOADERS.get(config.dataset.get("type")).held_out_split
+    if split is None:
+        raise ValueError("held_out_interval > 0 needs held_out_dataset for this dataset")
+    return {**config.dataset, "split": split}
+
+
 def held_out_examples(config) -> list[PromptExample]:
-    """The held-out questions of an ``ARPOConfig``: ``held_out_dataset`` (default: the training
-    dataset's held-out split where its type declares one, ``DatasetLoader.held_out_split``: the
-    ``tir_task``'s ``test``), the first ``held_out_size`` of them."""
-    spec = config.held_out_dataset
-    if spec is None:
-        split = DATASET_LOADERS.get(config.dataset.get("type")).held_out_split
-        if split is None:
-            raise ValueError("held_out_interval > 0 needs held_out_dataset for this dataset")
-        spec = {**config.dataset, "split": split}
-    return load_dataset(spec)[: config.held_out_size]
+    """The held-out questions of an ``ARPOConfig`` (``held_out_dataset``), the first
+    ``held_out_size`` of them."""
+    return load_dataset(held_out_dataset(config))[: config.held_out_size]
 
 
 def evaluate_env_runner(runner) -> dict[str, float]:

@@ -1,5 +1,6 @@
-"""What the algorithm asks of RLlib's LearnerGroup: one update on a padded batch, and the policy's
-weights for the engines. Local (``num_learners: 0``) and remote learners, DDP or DeepSpeed alike.
+"""What the algorithm asks of RLlib's LearnerGroup: one update on a padded batch. Local
+(``num_learners: 0``) and remote learners, DDP or DeepSpeed alike. The policy's weights for the
+engines are read from it by ``weights.object_store.policy_weights``.
 """
 
 from __future__ import annotations
@@ -41,16 +42,3 @@ def epoch_options(config: Any, rows: int) -> dict[str, Any]:
         "minibatch_size": config.minibatch_size or rows,
         "shuffle_batch_per_epoch": config.minibatch_size is not None,
     }
-
-
-def policy_weights(learner_group, module_id=DEFAULT_MODULE_ID, *, as_object_ref: bool = False):
-    """The policy's weights under transformers' names, in the engines' dtype, from learner rank 0.
-
-    Every learner takes part (ZeRO-3 gathers its partitioned parameters collectively). With
-    ``as_object_ref`` a remote learner puts the weights into the object store itself and only
-    the reference travels."""
-    results = learner_group.foreach_learner(
-        lambda learner: learner.policy_weights(module_id, as_object_ref=as_object_ref)
-    )
-    [weights] = [result.get() for result in results if result.get() is not None]
-    return weights

@@ -11,8 +11,10 @@ P parameters, L learners, b bytes of the compute ``dtype`` (2 for bf16/fp16, 4 f
 | DeepSpeed ZeRO-2                         | bP            | bP / L        | (8P + master 4P) / L           |
 | DeepSpeed ZeRO-3                         | bP / L        | bP / L        | (8P + master 4P) / L           |
 
-(no master copy when b = 4; ``zero_offload`` moves the optimizer column, and at stage 3 the
-weights, to CPU memory; DDP with L >= 2 adds gradient buckets the size of the gradients.)
+A backend's rows are chosen by what it declares (``learner.backends.LearnerBackend``): the ZeRO
+rows where it ``partitions_by_zero_stage`` (no master copy when b = 4; ``zero_offload`` moves the
+optimizer column, and at stage 3 the weights, to CPU memory), the others otherwise; with
+``gradient_buckets`` and L >= 2 (DDP) it adds gradient buckets the size of the gradients.
 
 Activations of one micro-batch of T = ``micro_batch_size`` * ``sequence_length`` tokens, hidden
 size h, n layers, with fused (SDPA/flash) attention: about 34 * T * h * b / 2 bytes a layer
@@ -29,10 +31,11 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any
 
+from rllib_arpo.core.dtypes import DTYPES
+from rllib_arpo.learner.backends import LEARNER_BACKENDS
 from rllib_arpo.learner.packing import PACKING_MODES, PER_TOKEN_KEYS
 
 GIB = 1024**3
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ACTIVATION_BYTES_PER_TOKEN_HIDDEN_LAYER = 34  # at 2 bytes per value; Korthikanti et al. 2022
 
 
@@ -103,9 +106,10 @@ def estimate_learner_memory(
     logprob_chunk_size: int | None = None,
 ) -> LearnerMemory:
     """Memory of one learner (see the module docstring for the formulas)."""
-    p, b, learners = model.num_parameters, DTYPE_BYTES[dtype], max(num_learners, 1)
+    backend = LEARNER_BACKENDS.get(learner_backend)
+    p, b, learners = model.num_parameters, DTYPES[dtype].itemsize, max(num_learners, 1)
     offloaded = 0
-    if learner_backend == "deepspeed":
+    if backend.partitions_by_zero_stage:
         master = 4 * p if b != 4 else 0
         weights = b * p // learners if zero_stage == 3 else b * p
         gradients = b * p // learners if zero_stage >= 2 else b * p
@@ -120,8 +124,8 @@ def estimate_learner_memory(
         optimizer = 8 * p
     else:
         weights, gradients, optimizer = b * p, b * p, 2 * b * p
-    if learner_backend == "torch" and learners > 1:
-        gradients *= 2  # DDP's gradient buckets
+    if backend.gradient_buckets and learners > 1:
+        gradients *= 2
     tokens = micro_batch_size * sequence_length
     per_layer = ACTIVATION_BYTES_PER_TOKEN_HIDDEN_LAYER * tokens * model.hidden_size * b // 2
     if gradient_checkpointing:
@@ -138,7 +142,7 @@ def learner_memory_of_config(config: Any, sequence_length: int | None = None) ->
     longest row the rollout settings allow (prompt budget not included: add it if you know it).
     A packed micro-batch (``packing`` packed/tree) is one sequence of ``micro_batch_tokens``, or
     of the longest row where that row alone is longer."""
-    from rllib_arpo.models.cache import resolve_model_path
+    from rllib_arpo.models.catalogue import resolve_model_path
 
     packed = PACKING_MODES.get(config.packing).packs
     row_tokens = sequence_length or config.max_response_tokens
@@ -220,7 +224,7 @@ def out_of_memory_advice(config: Any, rows: int, length: int) -> str:
         knobs.append("gradient_checkpointing: false -> true (recompute activations in the backward pass)")
     if config.dtype == "float32":
         knobs.append("dtype: float32 -> bfloat16 (with master_weights: true it still learns at small lr)")
-    if config.learner_backend == "torch":
+    if not LEARNER_BACKENDS.get(config.learner_backend).partitions_by_zero_stage:
         knobs.append("learner_backend: deepspeed with zero_stage: 2 or 3 and num_learners >= 2 (partitions optimizer "
                      "states, gradients, weights)")  # fmt: skip
     else:

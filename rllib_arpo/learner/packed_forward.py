@@ -3,7 +3,7 @@
 One forward pass of the decoder runs over the micro-batch's packed tokens, each at its own
 position (``position_ids``) and attending to its own path only (``attention_mask``). The LM head
 then runs only on the hidden states that predict a target, a chunk at a time
-(``learner.logprobs``):
+(``core.logprobs``):
 
     log pi(x_j | path to j) = z_s[x_j] - logsumexp(z_s),   z_s = W h_s,  s = the token before j
 
@@ -26,7 +26,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from rllib_arpo.learner.logprobs import chunked_token_logprobs
+from rllib_arpo.core.logprobs import chunked_token_logprobs
 from rllib_arpo.learner.packing import PackedMicroBatch
 
 BLOCK_ATTENTION = "packed_block_sdpa"

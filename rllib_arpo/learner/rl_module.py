@@ -1,8 +1,9 @@
 """A Hugging Face causal LM as an RLlib ``TorchRLModule``.
 
 RLlib's module API is built for env observations and actions; an LLM policy acts on token ids.
-The module therefore takes placeholder gym spaces (RLlib needs some) and works on padded token
-batches: ``forward_train`` returns log pi(x_t | x_<t) of every next token.
+The module therefore takes placeholder gym spaces (RLlib needs some; ``rllib_arpo.spaces``) and
+works on token batches: ``forward_train`` returns log pi(x_t | x_<t) of every next token
+(``learner.forward.sequence_logprobs``: padded rows or a packed layout).
 
 Weights never pass through RLlib's numpy conversion (it breaks bf16 and copies the whole model):
 ``get_state`` returns detached torch tensors and ``set_state`` loads them in place. RLlib's own
@@ -15,24 +16,16 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
-import numpy as np
 import torch
 from ray.rllib.core.rl_module.torch import TorchRLModule
 
-from rllib_arpo.config_fields import DTYPE_NAMES
-from rllib_arpo.core.entropy import entropy_from_logits
+from rllib_arpo.core.dtypes import DTYPES
 from rllib_arpo.learner.checkpoint import WEIGHTS_FILE, load_weights, save_weights
-from rllib_arpo.learner.logprobs import chunked_token_logprobs
-from rllib_arpo.learner.packed_forward import packed_logprobs, use_block_attention
+from rllib_arpo.learner.forward import sequence_logprobs
+from rllib_arpo.learner.packed_forward import use_block_attention
 from rllib_arpo.learner.packing import PACKING_MODES
-from rllib_arpo.models.cache import check_model_path
+from rllib_arpo.models.catalogue import check_model_path
 
-PACKED = "packed"
-"""Batch key of a packed micro-batch's layout (``learner.packing.PackedMicroBatch``): with it the
-module computes the log-probs of the packed rows (``packed_forward.packed_logprobs``)."""
-
-DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # the config's `dtype` names, as torch dtypes
 MODEL_CONFIG_KEYS = (
     "model_path",
     "dtype",
@@ -52,63 +45,6 @@ def check_model_config(model_config: dict | None) -> dict:
     if missing:
         raise ValueError(f"the module's model_config lacks {missing} (ARPOConfig sets {list(MODEL_CONFIG_KEYS)})")
     return model_config
-
-
-def placeholder_spaces(vocab_size: int) -> tuple[gym.Space, gym.Space]:
-    """Observation and action spaces for RLlib's bookkeeping: a token id in, a token id out."""
-    return gym.spaces.Box(0, vocab_size, shape=(1,), dtype=np.int64), gym.spaces.Discrete(vocab_size)
-
-
-def next_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log pi(x_t | x_<t) for t = 1..L-1 from logits [B, L, V] divided by ``temperature``: result
-    [B, L-1] (float32)."""
-    logits = logits[:, :-1].float() / temperature
-    targets = input_ids[:, 1:].unsqueeze(-1)
-    return logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-
-
-def sequence_logprobs(
-    model: torch.nn.Module,
-    batch: dict[str, Any],
-    *,
-    chunk_size: int | None = None,
-    with_entropy: bool = False,
-    temperature: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log pi(x_t | x_<t) for t = 1..L-1 of padded rows ``input_ids`` [B, L]: ``[B, L-1]`` float32,
-    and (``with_entropy``, no gradient) the entropy of each of those next-token distributions;
-    pi = softmax(logits / ``temperature``), the distribution the rollouts sampled from.
-    With a packed layout under ``PACKED`` only its rows' trained targets are computed, packed
-    (``packed_forward.packed_logprobs``; 0 elsewhere).
-
-    ``chunk_size`` None: the model's full logits at once (any causal LM). Otherwise the final
-    hidden states go through the LM head ``chunk_size`` positions at a time, each chunk recomputed
-    in the backward pass (``learner.logprobs``): no full ``[B * L, V]`` float32 tensor exists.
-    """
-    if PACKED in batch:
-        return packed_logprobs(
-            model, batch[PACKED], chunk_size=chunk_size, with_entropy=with_entropy, temperature=temperature
-        )
-    input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
-    if chunk_size is None:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-        entropy = None
-        if with_entropy:
-            with torch.no_grad():
-                entropy = entropy_from_logits(logits[:, :-1].float() / temperature)
-        return next_token_logprobs(logits, input_ids, temperature), entropy
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    hidden = hidden.last_hidden_state[:, :-1]
-    rows, targets = input_ids.shape[0], input_ids.shape[1] - 1
-    logprobs, entropy = chunked_token_logprobs(
-        hidden.reshape(rows * targets, -1),
-        input_ids[:, 1:].reshape(-1),
-        model.get_output_embeddings(),
-        chunk_size=chunk_size,
-        with_entropy=with_entropy,
-        temperature=temperature,
-    )
-    return logprobs.view(rows, targets), None if entropy is None else entropy.view(rows, targets)
 
 
 def load_reference_model(model_config: dict, device) -> torch.nn.Module:

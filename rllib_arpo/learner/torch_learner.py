@@ -49,14 +49,16 @@ import ray
 import torch
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 
+from rllib_arpo.core.dtypes import DTYPES
 from rllib_arpo.core.losses import LOSS_AGGREGATIONS, compute_policy_loss, kl_penalty
 from rllib_arpo.learner.checkpoint import rng_states, set_rng_states
 from rllib_arpo.learner.distributed import data_parallel_rank, data_parallel_size, global_sum
+from rllib_arpo.learner.forward import PACKED, sequence_logprobs
 from rllib_arpo.learner.memory import LearnerOutOfMemoryError, is_out_of_memory, out_of_memory_advice
 from rllib_arpo.learner.packing import micro_batches
-from rllib_arpo.learner.rl_module import DTYPES, PACKED, hf_state_dict, load_reference_model, sequence_logprobs
+from rllib_arpo.learner.rl_module import hf_state_dict, load_reference_model
 from rllib_arpo.learner.rllib_compat import parameter_gradients, update_batch, update_result, zero_gradients
-from rllib_arpo.learner.weight_broadcast import WeightBroadcastGroup, WeightLayout, free_address
+from rllib_arpo.weights.broadcast import WeightBroadcastGroup, WeightLayout, free_address
 
 logger = logging.getLogger(__name__)
 RNG_STATES = "rng_states"
@@ -89,7 +91,7 @@ class ARPOTorchLearner(TorchLearner):
         weights = {name: tensor.to(DTYPES[self.config.dtype]) for name, tensor in hf_state_dict(state).items()}
         return ray.put(weights) if as_object_ref else weights
 
-    # --- weight_sync: broadcast (learner.weight_broadcast): rank 0 is the source ------------
+    # --- weight_sync: broadcast (weights.broadcast): rank 0 is the source ------------------
     def weight_group_address(self) -> tuple[str, int, str] | None:
         """On rank 0: (IP address, free port, device type) for the broadcast group; else None."""
         if data_parallel_rank() != 0:

@@ -1,10 +1,9 @@
-"""A tiny Qwen2-architecture policy and its tokenizer, built locally from the embedded TIR task.
+"""A tiny Qwen2-architecture policy and its tokenizer, built locally.
 
-Nothing is downloaded: the tokenizer is a byte-level BPE trained on demonstrations of the task
-over freshly generated knowledge bases and the model is a randomly initialised ``Qwen2ForCausalLM`` a few
-hundred thousand parameters large, so ARPO runs end to end on a laptop CPU. The architecture is
-the one the paper trains (Qwen2.5), so the same code paths serve the tiny policy, vLLM and a
-real checkpoint.
+Nothing is downloaded: the tokenizer is a byte-level BPE trained on the texts it is given and the
+model is a randomly initialised ``Qwen2ForCausalLM`` a few hundred thousand parameters large, so
+ARPO runs end to end on a laptop CPU. The architecture is the one the paper trains (Qwen2.5), so
+the same code paths serve the tiny policy, vLLM and a real checkpoint.
 
 - Byte-level BPE with Qwen2's pipeline: every string in Unicode NFC (tracebacks, odd
   characters, whitespace runs, control bytes) encodes and decodes back to itself exactly, which
@@ -17,25 +16,19 @@ real checkpoint.
 - head_dim = hidden_size / num_heads is fixed at 64 because vLLM's CPU attention kernels do not
   support smaller heads.
 
-``build_tiny_policy`` gives a random initialisation; ``save_tiny_policy`` saves it after the
-cold-start SFT of ``models.warm_start``, so the saved policy follows the tag format but is often
-wrong. ``model_path: tiny`` is that policy as built once and shipped with the package
-(``models.cache.SHIPPED_TINY_POLICY``), since each CPU's float rounding builds a slightly different one.
+``build_tiny_policy`` gives a random initialisation; ``cold_start.saved_tiny_policy`` trains the
+tokenizer on the embedded task's demonstrations and warm-starts the policy before saving it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 
-import numpy as np
 import torch
 from tokenizers import AddedToken
-from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 
 from rllib_arpo.core.rewards import DEFAULT_TOOL_TAGS
-from rllib_arpo.models.cache import build_once
-from rllib_arpo.models.warm_start import fresh_demonstrations, warm_start
 
 TAG_TOKENS: tuple[str, ...] = tuple(
     tag for name in ("think", *DEFAULT_TOOL_TAGS, "result", "answer") for tag in (f"<{name}>", f"</{name}>")
@@ -43,14 +36,6 @@ TAG_TOKENS: tuple[str, ...] = tuple(
 """The TIR tags, each a single non-special token."""
 
 HEAD_DIM = 64
-NUM_DEMONSTRATIONS_FOR_TOKENIZER = 3000
-"""Fresh demonstrations the tokenizer learns from (about 5000 different entity names)."""
-VOCAB_SIZE = 512
-"""BPE vocabulary of the saved tiny policy: small enough that names split into shared syllables."""
-SFT_STEPS = 2000
-"""Warm-start SFT steps of the saved tiny policy (timings: docs/benchmarks.md)."""
-COPY_DRILL_STEPS = 1000
-"""Copy-drill steps before the SFT (``models.warm_start``)."""
 
 
 def build_tokenizer(texts: Iterable[str], vocab_size: int = 1024) -> PreTrainedTokenizerFast:
@@ -106,73 +91,3 @@ def build_tiny_policy(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return Qwen2ForCausalLM(config)
-
-
-def tokenizer_texts(seed: int = 0) -> list[str]:
-    """The text the tokenizer learns from: ``NUM_DEMONSTRATIONS_FOR_TOKENIZER`` perfect
-    ``fresh_demonstrations`` (prompt + transcript, search pages included), every one over a new
-    knowledge base.
-
-    Not the evaluated task's own text: trained on its corpus, the BPE merges many of its entity
-    names into single tokens that the fresh SFT data never shows, so the warm-started policy
-    could not copy them. Over thousands of different names the merges stay at the syllable
-    level that every name shares.
-    """
-    pairs = fresh_demonstrations(NUM_DEMONSTRATIONS_FOR_TOKENIZER, np.random.default_rng(seed), {"perfect": 1.0})
-    return [example.plain_prompt + transcript for example, transcript in pairs]
-
-
-def save_tiny_policy(
-    directory: str | Path,
-    task_seed: int = 0,
-    vocab_size: int = VOCAB_SIZE,
-    *,
-    sft_steps: int = SFT_STEPS,
-    copy_drill_steps: int = COPY_DRILL_STEPS,
-    progress: bool = True,
-    **model_kwargs: int,
-) -> Path:
-    """Build the tokenizer on ``tokenizer_texts(task_seed)`` and a fresh tiny policy over it,
-    warm-start it with ``copy_drill_steps`` copy-drill steps and ``sft_steps`` SFT steps
-    (``models.warm_start`` defaults otherwise; ``sft_steps`` 0 keeps the random initialisation),
-    and save both into ``directory`` as a standard ``save_pretrained`` directory (what the
-    ``Auto*`` classes and vLLM read). ``model_kwargs`` go to ``build_tiny_policy``.
-    Returns the directory."""
-    directory = Path(directory)
-    tokenizer = build_tokenizer(tokenizer_texts(task_seed), vocab_size=vocab_size)
-    model = build_tiny_policy(tokenizer, **model_kwargs)
-    if sft_steps > 0:
-        warm_start(
-            model, tokenizer, steps=sft_steps, copy_drill_steps=copy_drill_steps, seed=task_seed, progress=progress
-        )
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
-
-
-def load_or_build_tiny_policy(
-    directory: str | Path,
-    task_seed: int = 0,
-    vocab_size: int = VOCAB_SIZE,
-    *,
-    sft_steps: int = SFT_STEPS,
-    progress: bool = True,
-    **model_kwargs: int,
-) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
-    """Load the policy and tokenizer saved in ``directory``; build and save them there first when
-    the directory holds none (the build arguments are then those of ``save_tiny_policy`` and are
-    ignored when a saved policy exists).
-
-    The build is atomic (``models.cache.build_once``): parallel Tune trials sharing a cache never
-    read a half-written policy.
-    """
-    announce = f"Building the warm-started tiny policy into {directory} (a few minutes)"
-    build_once(
-        directory,
-        lambda staging: save_tiny_policy(
-            staging, task_seed=task_seed, vocab_size=vocab_size, sft_steps=sft_steps, progress=progress, **model_kwargs
-        ),
-        announce if progress else None,
-    )
-    tokenizer = AutoTokenizer.from_pretrained(directory)
-    return Qwen2ForCausalLM.from_pretrained(directory), tokenizer

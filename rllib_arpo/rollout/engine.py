@@ -106,7 +106,7 @@ class GenerationEngine(Protocol):
         """Load new policy weights in place and record their version."""
         ...
 
-    # weight_sync: broadcast (learner.weight_broadcast)
+    # weight_sync: broadcast (weights.broadcast)
     def weight_receivers(self) -> tuple[int, str]:
         """How many ranks of the broadcast group this engine's processes take, and the device
         type their weights live on (``cpu`` or ``cuda``)."""
@@ -142,7 +142,7 @@ class Engine:
             classmethod ``check_options(engine_options)`` checks the values before anything is
             built (its constructor runs the same checks); a ValueError starts with the option's
             name.
-        in_place_options: engine options the EnvRunner adds (unless set) when the weight sync
+        in_place_options: engine options ``build`` adds (unless set) when the weight sync
             has the engines receive weights in place (``weight_sync: broadcast``): vLLM's worker
             extension that joins the weight group.
     """
@@ -154,6 +154,21 @@ class Engine:
         """The engine class (imports its module)."""
         module, name = self.path.split(":")
         return getattr(importlib.import_module(module), name)
+
+    def build(
+        self,
+        model_path: str,
+        dtype: torch.dtype | None,
+        options: Mapping[str, Any],
+        *,
+        receives_in_place: bool = False,
+    ) -> GenerationEngine:
+        """The engine on ``model_path`` in ``dtype`` (None: the checkpoint's) with ``options``
+        (the config's ``engine_options``), and with ``in_place_options`` added (unless set) when
+        ``receives_in_place``."""
+        if receives_in_place:
+            options = {**self.in_place_options, **options}
+        return self.load().from_pretrained(model_path, dtype=dtype, **options)
 
     def documented_options(self) -> tuple[list[EngineOption], bool]:
         """The constructor's own options (type, default and the class docstring's ``Args:`` line)
@@ -246,6 +261,6 @@ ENGINES.add(
     "vllm",
     Engine(
         "rllib_arpo.rollout.vllm_engine:VLLMEngine",
-        in_place_options={"worker_extension_cls": "rllib_arpo.rollout.vllm_weight_receiver.WeightReceiver"},
+        in_place_options={"worker_extension_cls": "rllib_arpo.weights.vllm_receiver.WeightReceiver"},
     ),
 )

@@ -6,8 +6,9 @@ the hierarchical reward (``rollout.scoring``) and returns a ``RolloutBatch``. He
 evaluation runs on a runner's engine and tools too (``eval.evaluate.evaluate_env_runner``). Metrics go to the runner's
 ``MetricsLogger`` and reach Tune's logs under ``env_runners/``.
 
-Weights arrive through ``set_state({"weights": ..., "weights_version": v})`` as torch tensors
-(an ObjectRef to them when the runner is remote), never through RLlib's numpy conversion.
+Weights arrive as torch tensors, never through RLlib's numpy conversion, the way
+``config.weight_sync`` says: its entry's receiver (``rllib_arpo.weights``) takes what ``set_state``
+brings, or the driver has the engine receive them in place.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import ray
 from ray.rllib.core import DEFAULT_AGENT_ID, DEFAULT_MODULE_ID
 from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.utils.checkpoints import Checkpointable
@@ -33,19 +33,21 @@ from ray.rllib.utils.metrics import (
     NUM_MODULE_STEPS_SAMPLED_LIFETIME,
 )
 
+from rllib_arpo.core.dtypes import DTYPES
 from rllib_arpo.core.rewards import RewardSettings, accuracy
 from rllib_arpo.core.settings import from_config
 from rllib_arpo.core.tree import RolloutTree
-from rllib_arpo.data.datasets import PromptStream, load_dataset, tools_for_dataset
+from rllib_arpo.data.dataset_tools import tools_for_dataset
+from rllib_arpo.data.prompt_stream import PromptStream
 from rllib_arpo.data.prompts import encode_prompt
-from rllib_arpo.learner import weight_delta
-from rllib_arpo.learner.rl_module import DTYPES, placeholder_spaces
+from rllib_arpo.data.registry import load_dataset
 from rllib_arpo.rollout.engine import ENGINES
-from rllib_arpo.rollout.scoring import score_trees, training_rewards
+from rllib_arpo.rollout.scoring import accuracy_by_source, prompts_by_source, score_trees, training_rewards
 from rllib_arpo.rollout.settings import RolloutSettings
 from rllib_arpo.rollout.tree_rollout import TreeRollout
+from rllib_arpo.spaces import placeholder_spaces
 from rllib_arpo.tools.base import ToolExecutor, build_tools
-from rllib_arpo.weight_sync import WEIGHT_SYNCS
+from rllib_arpo.weights import WEIGHT_SYNCS
 
 
 @dataclass(frozen=True)
@@ -76,19 +78,15 @@ class RolloutBatch:
     runner_metrics: dict | None = None  # get_metrics() right after this sample, in the same request
 
 
-def _resolved(value):
-    """``value``, fetched from the object store when it is an ObjectRef."""
-    return ray.get(value) if isinstance(value, ray.ObjectRef) else value
-
-
 def build_engine(config):
     """The generation engine named by ``config.engine`` (``rollout.engine.ENGINES``), with the
     options it declares for receiving weights in place when the weight sync does that."""
-    engine = ENGINES.get(config.engine)
-    options = dict(config.engine_options)
-    if WEIGHT_SYNCS.get(config.weight_sync).receives_in_place:
-        options = {**engine.in_place_options, **options}
-    return engine.load().from_pretrained(config.model_path, dtype=DTYPES[config.dtype], **options)
+    return ENGINES.get(config.engine).build(
+        config.model_path,
+        DTYPES[config.dtype],
+        config.engine_options,
+        receives_in_place=WEIGHT_SYNCS.get(config.weight_sync).receives_in_place,
+    )
 
 
 def next_prompts(stream: PromptStream, tokenizer, count: int, max_tokens: int | None):
@@ -117,12 +115,11 @@ def per_source_metrics(
     """Where a batch mixes sources (the embedded task's question kinds, a parquet's
     ``data_source``): ``accuracy/<source>`` and ``tool_calls_per_trajectory/<tool>/<source>``.
     ``sources[i]``, ``scores[i]`` and ``tool_calls[i]`` are prompt i's source, the scores of its
-    trajectories and their tool calls summed; the ``tir_task/`` prefix is dropped."""
-    metrics = {}
-    for source in sorted(set(sources)) if len(set(sources)) > 1 else ():
-        of_source = [i for i, name in enumerate(sources) if name == source]
-        name = source.removeprefix("tir_task/")
-        metrics[f"accuracy/{name}"] = accuracy([score for i in of_source for score in scores[i]])
+    trajectories and their tool calls summed; sources are named as in ``prompts_by_source``."""
+    if len(set(sources)) < 2:
+        return {}
+    metrics = accuracy_by_source(sources, scores)
+    for name, of_source in prompts_by_source(sources).items():
         calls = sum((tool_calls[i] for i in of_source), Counter())
         trajectories = sum(len(scores[i]) for i in of_source)
         metrics.update({f"tool_calls_per_trajectory/{tool}/{name}": calls[tool] / trajectories for tool in tool_names})
@@ -134,7 +131,7 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         super().__init__(config=config, **kwargs)
         cfg = self.config
         self.engine = build_engine(cfg)
-        self.weights: dict | None = None  # object_store_delta: the weights last loaded, the base of the next delta
+        self.weight_receiver = WEIGHT_SYNCS.get(cfg.weight_sync).receiver(self.engine)
         self.tokenizer = self.engine.tokenizer
         self.tools = ToolExecutor(
             build_tools(tools_for_dataset(cfg.tools, cfg.dataset)),
@@ -267,38 +264,13 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         return {"weights_version": self.engine.weights_version, "data_position": self.position}
 
     def set_state(self, state: dict) -> None:
-        """Load ``{"weights": state_dict | ObjectRef, "weights_version": v}`` (or a
-        ``"weights_delta"`` on ``"base_version"``, applied to the weights last loaded; refused with
-        ValueError unless the engine holds that version) and/or move to
-        ``{"data_position": DataPosition}``. RLlib's own weight sync (``rl_module``) carries no
-        weights (``CausalLMModule.get_state``) and is ignored."""
+        """Move to ``{"data_position": DataPosition}`` and/or hand the weights the driver sends
+        (``{"weights": state_dict | ObjectRef, "weights_version": v}``, or what else the weight
+        sync sends) to the weight sync's receiver. RLlib's own weight sync (``rl_module``)
+        carries no weights (``CausalLMModule.get_state``) and is ignored."""
         if "data_position" in state:
             self.seek(state["data_position"])
-        if "weights" in state:
-            weights = _resolved(state["weights"])
-            if self.config.weight_sync == "object_store_delta":
-                # a writable copy, the base of the next delta (object-store memory is read-only)
-                self.weights = {name: tensor.clone() for name, tensor in weights.items()}
-            self.engine.update_weights(weights, state["weights_version"])
-        if "weights_delta" in state:
-            if self.weights is None or state["base_version"] != self.engine.weights_version:
-                raise ValueError(
-                    f"a weight delta on version {state['base_version']} reached an EnvRunner holding "
-                    f"version {self.engine.weights_version}: a full send is needed"
-                )
-            weight_delta.apply(self.weights, _resolved(state["weights_delta"]))
-            self.engine.update_weights(self.weights, state["weights_version"])
-
-    # --- weight_sync: broadcast (learner.weight_broadcast) --------------------------------
-    def weight_receivers(self) -> tuple[int, int, str]:
-        """(this runner's index, ranks its engine takes in the broadcast group, their device type)."""
-        return (self.worker_index, *self.engine.weight_receivers())
-
-    def open_weight_group(self, address: str, port: int, rank: int, world_size: int, backend: str):
-        return self.engine.open_weight_group(address, port, rank, world_size, backend)
-
-    def receive_weights(self, version: int) -> None:
-        self.engine.receive_weights(version)
+        self.weight_receiver.receive(state)
 
     def get_ctor_args_and_kwargs(self):
         return (), {"config": self.config}

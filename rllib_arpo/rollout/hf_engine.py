@@ -162,17 +162,13 @@ class HFEngine:
 
     def open_weight_group(self, address: str, port: int, rank: int, world_size: int, backend: str):
         """Join the broadcast group as ``rank``; the tensors of each sync land in the model's own."""
-        from rllib_arpo.learner.weight_broadcast import WeightBroadcastGroup, WeightLayout
+        from rllib_arpo.weights.broadcast import ParameterReceiver
 
-        layout = WeightLayout.of_model(self.model)
-        parameters = dict(self.model.named_parameters())
-        self._weight_group = WeightBroadcastGroup(address, port, rank, world_size, backend)
-        self._weight_targets = [parameters[name].data for name, _, _ in layout.tensors]  # received in place
-        return layout
+        self._weight_receiver = ParameterReceiver(self.model, address, port, rank, world_size, backend)
+        return self._weight_receiver.layout
 
     def receive_weights(self, version: int) -> None:
-        for tensor in self._weight_targets:
-            self._weight_group.broadcast(tensor)
+        self._weight_receiver.receive()
         self.weights_version = version
 
     @torch.inference_mode()

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from rllib_arpo.core.logprobs import next_token_logprobs
 from rllib_arpo.core.tree import RolloutTree
-from rllib_arpo.learner.rl_module import next_token_logprobs
 
 
 class ReferencePolicy:

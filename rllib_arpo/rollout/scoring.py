@@ -3,7 +3,8 @@
 Training (the EnvRunner), held-out evaluation and the benchmarks all score through
 ``score_trees``, with the run's ``RewardSettings`` and the tools it actually has, so a
 response gets the same reward and the same correctness wherever it is scored; ``accuracy``
-(``core.rewards``) is the one accuracy they report.
+(``core.rewards``) is the one accuracy they report, and ``accuracy_by_source`` the one split of
+it by where the prompts come from.
 """
 
 from __future__ import annotations
@@ -12,9 +13,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rllib_arpo.core.rewards import RewardBreakdown, RewardSettings, hierarchical_reward, overlong_penalty
+from rllib_arpo.core.rewards import (
+    RewardBreakdown,
+    RewardSettings,
+    accuracy,
+    hierarchical_reward,
+    overlong_penalty,
+)
 from rllib_arpo.core.tree import RolloutTree
-from rllib_arpo.data.datasets import PromptExample
+from rllib_arpo.data.examples import PromptExample
 
 
 def score_trees(
@@ -71,3 +78,21 @@ def training_rewards(
         )
         for tree, tree_scores in zip(trees, scores)
     ]
+
+
+def prompts_by_source(sources: Sequence[str]) -> dict[str, list[int]]:
+    """Source name (the ``tir_task/`` prefix dropped: ``tir_task/search`` -> ``search``) -> the
+    indices of its prompts, sources sorted; ``sources[i]`` is prompt i's ``PromptExample.source``."""
+    return {
+        source.removeprefix("tir_task/"): [i for i, name in enumerate(sources) if name == source]
+        for source in sorted(set(sources))
+    }
+
+
+def accuracy_by_source(sources: Sequence[str], scores: Sequence[Sequence[RewardBreakdown]]) -> dict[str, float]:
+    """``accuracy/<source>`` for every source of ``prompts_by_source``: the ``accuracy`` of all
+    trajectories of that source's prompts; ``scores[i]`` are the scores of prompt i's."""
+    return {
+        f"accuracy/{source}": accuracy([score for i in prompts for score in scores[i]])
+        for source, prompts in prompts_by_source(sources).items()
+    }

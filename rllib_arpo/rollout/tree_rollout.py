@@ -148,26 +148,10 @@ class TreeRollout:
         reads only its parent's tokens, so no distribution changes. It pays where decoding is
         bound by sequential steps (the HF engine); where cost follows tokens computed (vLLM on
         CPU), the dropped children and the split segments cost more than it saves."""
-        s = self.settings
         deciding = [p for p in active if p.after_tool and p.may_branch and _can_branch(budgets[p.tree])]
         heads: dict[int, Generation] = {}
         if deciding:
-            tentative = {id(path): [] for path in deciding}
-            if self.early_children:
-                reserved = Counter()
-                for path in deciding:
-                    budget = budgets[path.tree]
-                    n = min(budget.children_per_branch(), budget.branches_remaining - reserved[path.tree])
-                    reserved[path.tree] += n
-                    tentative[id(path)] = [self._child(path) for _ in range(n)]
-            phase_one = (active if self.early_children else deciding) + [c for cs in tentative.values() for c in cs]
-            heads = self._generate(trees, phase_one, {}, s.entropy_window, seed * 2 + 1, stats)
-            forked = []
-            for path in deciding:
-                window = window_mean_entropy(heads[id(path)].entropies, s.entropy_window)
-                kept, dropped = self._decide_branch(path, window, budgets[path.tree], tentative[id(path)], rng, stats)
-                forked += kept
-                stats.discarded_tokens += sum(len(heads[id(child)].token_ids) for child in dropped)
+            heads, forked = self._decide_forks(trees, budgets, active, deciding, rng, seed, stats)
             active = active + forked
         deciding_ids = {id(p) for p in deciding}
         unfinished = [p for p in active if id(p) not in heads or not _ended(heads[id(p)], self._room(trees, p))]
@@ -175,35 +159,70 @@ class TreeRollout:
 
         pending = []
         for path in active:
-            tree = trees[path.tree]
             generation = _joined(heads.get(id(path)), tails.get(id(path)))
-            segment = tree.add_segment(
-                path.node,
-                generation.token_ids,
-                SegmentKind.MODEL,
-                logprobs=generation.logprobs,
-                entropies=generation.entropies,
-            )
-            window = window_mean_entropy(generation.entropies, s.entropy_window)
-            if path.h_initial is None:
-                path.h_initial = window
-            elif path.after_tool:
-                path.tool_entropies.append(window)
-                if id(path) not in deciding_ids:  # not a candidate for a fork: only record dH
-                    stats.delta_entropies.append(window - path.h_initial)
-            path.node, path.after_tool = segment, False
-
-            if generation.finish_reason == "stop":
-                call = find_tool_call(self.engine.tokenizer.decode(generation.token_ids), self.tool_names)
-                if call is None:
-                    self._finish(tree, path, "bad_tool_call", stats)
-                elif path.tool_calls >= s.max_tool_calls:
-                    self._finish(tree, path, "max_tool_calls", stats)
-                else:
-                    pending.append((path, call))
-            else:
-                self._finish(tree, path, generation.finish_reason, stats)
+            call = self._add_generation(trees[path.tree], path, generation, id(path) in deciding_ids, stats)
+            if call is not None:
+                pending.append((path, call))
         return pending
+
+    def _decide_forks(
+        self, trees, budgets, active, deciding, rng, seed, stats
+    ) -> tuple[dict[int, Generation], list[_Path]]:
+        """Phase 1 of ``_generate_round``: the first k tokens of the ``deciding`` paths (with
+        ``early_children``, of every active path and of the candidates' would-be children), and
+        the fork each candidate's tokens decide. Returns (the k-token heads by path id, the
+        children forked)."""
+        s = self.settings
+        tentative = {id(path): [] for path in deciding}
+        if self.early_children:
+            reserved = Counter()
+            for path in deciding:
+                budget = budgets[path.tree]
+                n = min(budget.children_per_branch(), budget.branches_remaining - reserved[path.tree])
+                reserved[path.tree] += n
+                tentative[id(path)] = [self._child(path) for _ in range(n)]
+        phase_one = (active if self.early_children else deciding) + [c for cs in tentative.values() for c in cs]
+        heads = self._generate(trees, phase_one, {}, s.entropy_window, seed * 2 + 1, stats)
+        forked = []
+        for path in deciding:
+            window = window_mean_entropy(heads[id(path)].entropies, s.entropy_window)
+            kept, dropped = self._decide_branch(path, window, budgets[path.tree], tentative[id(path)], rng, stats)
+            forked += kept
+            stats.discarded_tokens += sum(len(heads[id(child)].token_ids) for child in dropped)
+        return heads, forked
+
+    def _add_generation(
+        self, tree: RolloutTree, path: _Path, generation: Generation, decided_fork: bool, stats: RolloutStats
+    ) -> ToolCall | None:
+        """Append ``generation`` to ``path`` as a model segment and record its window entropy:
+        H_initial on the path's first segment, after a tool result a tool entropy (and dH where the
+        path was no fork candidate, ``decided_fork`` False: a candidate's dH is recorded by its
+        decision). Returns the tool call the generation ends with, or None where the path ends."""
+        segment = tree.add_segment(
+            path.node,
+            generation.token_ids,
+            SegmentKind.MODEL,
+            logprobs=generation.logprobs,
+            entropies=generation.entropies,
+        )
+        window = window_mean_entropy(generation.entropies, self.settings.entropy_window)
+        if path.h_initial is None:
+            path.h_initial = window
+        elif path.after_tool:
+            path.tool_entropies.append(window)
+            if not decided_fork:
+                stats.delta_entropies.append(window - path.h_initial)
+        path.node, path.after_tool = segment, False
+        if generation.finish_reason != "stop":
+            reason = generation.finish_reason
+        elif (call := find_tool_call(self.engine.tokenizer.decode(generation.token_ids), self.tool_names)) is None:
+            reason = "bad_tool_call"
+        elif path.tool_calls >= self.settings.max_tool_calls:
+            reason = "max_tool_calls"
+        else:
+            return call
+        self._finish(tree, path, reason, stats)
+        return None
 
     def _room(self, trees, path: _Path) -> int:
         """Tokens the path may still generate: max_response_tokens minus its response so far."""

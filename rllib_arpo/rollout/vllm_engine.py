@@ -21,7 +21,7 @@ Weights are updated in place, without restarting the engine: the new state dict 
 safetensors into a temporary directory, every worker reloads from it (``reload_weights``), and
 the prefix cache, which holds KV computed with the old weights, is cleared. With ``weight_sync:
 broadcast`` the workers receive the tensors from learner rank 0 instead and stream them into the
-same reload, with no disk (``rollout.vllm_weight_receiver``).
+same reload, with no disk (``weights.vllm_receiver``).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from vllm.inputs import TokensPrompt
 from vllm.platforms import current_platform
 
 from rllib_arpo.core.entropy import entropy_from_topk_logprobs
-from rllib_arpo.learner.weight_broadcast import WeightLayout
 from rllib_arpo.rollout.engine import EngineStats, Generation, SamplingParams
+from rllib_arpo.weights.broadcast import WeightLayout
 
 CPU_BATCHED_TOKENS = 4096
 """vLLM's default token budget of one engine step on CPU (``max_num_batched_tokens``)."""
@@ -164,7 +164,7 @@ class VLLMEngine:
         self.clear_prefix_cache()
         self.weights_version = version
 
-    # weight_sync: broadcast (rollout.vllm_weight_receiver, in every worker: gloo on CPU, NCCL on GPUs)
+    # weight_sync: broadcast (weights.vllm_receiver, in every worker: gloo on CPU, NCCL on GPUs)
     def weight_receivers(self) -> tuple[int, str]:
         parallel = self.llm.llm_engine.vllm_config.parallel_config
         device = "cuda" if torch.cuda.is_available() else "cpu"

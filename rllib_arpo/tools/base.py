@@ -86,12 +86,14 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class ToolResult:
-    """The answer to one call. ``ok`` is False when the call raised or timed out."""
+    """One call and what came back: the ``text`` the tool returned (an ``Error: ...`` text when
+    the call raised or timed out, and then ``ok`` is False) and the seconds the call took (0 where
+    it was not timed: a call made outside the ``ToolExecutor``, as in a reference solution)."""
 
-    name: str
+    call: ToolCall
     text: str
-    ok: bool
-    latency_s: float
+    ok: bool = True
+    latency_s: float = 0.0
 
 
 RESULT_OPEN = " <result>"
@@ -205,20 +207,20 @@ class ToolExecutor:
         tool = self.tools.get(call.name)
         if tool is None:
             text = f"Error: unknown tool {call.name!r}; available tools: {', '.join(sorted(self.tools))}"
-            return ToolResult(call.name, text, ok=False, latency_s=0.0), False
+            return ToolResult(call, text, ok=False, latency_s=0.0), False
         timed = call_with_time_limit(lambda: tool(call.query), self.timeout_s, f"tool-{call.name}")
         if timed.timed_out:
             text = f"Error: {call.name} timed out after {self.timeout_s:g} s"
-            return ToolResult(call.name, text, ok=False, latency_s=timed.seconds), True
+            return ToolResult(call, text, ok=False, latency_s=timed.seconds), True
         if timed.error is not None:  # any tool failure becomes text for the model
             logger.warning("tool %r failed on %r", call.name, call.query[:200], exc_info=timed.error)
             text = f"Error: {call.name} failed: {type(timed.error).__name__}: {timed.error}"[:MAX_ERROR_CHARS]
-            return ToolResult(call.name, text, ok=False, latency_s=timed.seconds), False
-        return ToolResult(call.name, str(timed.value), ok=True, latency_s=timed.seconds), False
+            return ToolResult(call, text, ok=False, latency_s=timed.seconds), False
+        return ToolResult(call, str(timed.value), ok=True, latency_s=timed.seconds), False
 
     def _record(self, result: ToolResult, timed_out: bool) -> None:
         with self._metrics_lock:
-            counts = self._metrics[result.name]
+            counts = self._metrics[result.call.name]
             counts.calls += 1
             counts.failures += not result.ok
             counts.timeouts += timed_out

@@ -60,8 +60,9 @@ def lines(file: Path) -> list[dict]:
 
 
 def test_env_runner_killed_in_sample_is_restarted_and_its_prompts_sampled_again(ray_session, small_config, tmp_path):
-    from rllib_arpo.data.datasets import PromptStream, load_dataset
+    from rllib_arpo.data.prompt_stream import PromptStream
     from rllib_arpo.data.prompts import encode_prompt
+    from rllib_arpo.data.registry import load_dataset
     from rllib_arpo.rollout.env_runner import DataPosition
 
     DiesInItsSecondSample.log_dir = str(tmp_path)

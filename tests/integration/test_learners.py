@@ -51,9 +51,9 @@ def training_batch(model_dir: str) -> dict[str, np.ndarray]:
     """ROWS with random token ids; old log-probs = the initial policy's + N(0, 0.3^2) noise."""
     from transformers import AutoModelForCausalLM
 
+    from rllib_arpo.core.logprobs import next_token_logprobs
     from rllib_arpo.core.tree import TrajectoryRow
     from rllib_arpo.learner.packing import pad_rows
-    from rllib_arpo.learner.rl_module import next_token_logprobs
 
     rng = np.random.default_rng(0)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
@@ -82,8 +82,9 @@ def train_twice(config, batch) -> tuple[dict[str, torch.Tensor], list[float], di
     from ray.rllib.core import DEFAULT_MODULE_ID
     from transformers import AutoConfig
 
-    from rllib_arpo.learner.group import policy_weights, update_learners
-    from rllib_arpo.learner.rl_module import placeholder_spaces
+    from rllib_arpo.learner.group import update_learners
+    from rllib_arpo.spaces import placeholder_spaces
+    from rllib_arpo.weights.object_store import policy_weights
 
     vocab_size = AutoConfig.from_pretrained(config.model_path).vocab_size
     group = config.build_learner_group(spaces={DEFAULT_MODULE_ID: placeholder_spaces(vocab_size)})
@@ -135,8 +136,9 @@ def test_deepspeed_bf16_optimizer_keeps_float32_master_weights(ray_session, smal
     from ray.rllib.core import DEFAULT_MODULE_ID
     from transformers import AutoConfig
 
-    from rllib_arpo.learner.group import policy_weights, update_learners
-    from rllib_arpo.learner.rl_module import placeholder_spaces
+    from rllib_arpo.learner.group import update_learners
+    from rllib_arpo.spaces import placeholder_spaces
+    from rllib_arpo.weights.object_store import policy_weights
 
     config = learner_config(small_model_dir, num_learners=0, learner_backend="deepspeed").training(lr=1e-6)
     config.dtype = "bfloat16"

@@ -109,8 +109,9 @@ def test_max_staleness_needs_remote_env_runners(small_config):
 
 
 def test_a_runner_killed_with_requests_in_flight_samples_them_again(ray_session, small_config, tmp_path):
-    from rllib_arpo.data.datasets import PromptStream, load_dataset
+    from rllib_arpo.data.prompt_stream import PromptStream
     from rllib_arpo.data.prompts import encode_prompt
+    from rllib_arpo.data.registry import load_dataset
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     RunnerOneDiesInItsSecondSample.log_file = str(tmp_path / "samples.jsonl")

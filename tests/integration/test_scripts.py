@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rllib_arpo.models.tiny_policy import save_tiny_policy
+from rllib_arpo.cold_start.saved_tiny_policy import save_tiny_policy
 
 REPO = Path(__file__).resolve().parents[2]
 

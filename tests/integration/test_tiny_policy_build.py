@@ -1,7 +1,7 @@
 """The laptop demo's policy built from scratch (``scripts/build_tiny_policy.py``, ``save_tiny_policy``:
-a few minutes), as the package ships it (``models.cache.SHIPPED_TINY_POLICY``): it must answer, or
+a few minutes), as the package ships it (``models.catalogue.SHIPPED_TINY_POLICY``): it must answer, or
 RL on the embedded task has nothing to start from. Its build is sensitive to float rounding
-(``models.warm_start.sft_loss``), so a change to the warm start is checked here, and each CPU
+(``cold_start.sft.sft_loss``), so a change to the warm start is checked here, and each CPU
 builds slightly different weights; everything else the build writes is the shipped copy's."""
 
 import json
@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rllib_arpo.models.cache import SHIPPED_TINY_POLICY
-from rllib_arpo.models.tiny_policy import save_tiny_policy
+from rllib_arpo.cold_start.saved_tiny_policy import save_tiny_policy
+from rllib_arpo.models.catalogue import SHIPPED_TINY_POLICY
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from rllib_arpo.models import smollm2
-from rllib_arpo.models.cache import NAMED_MODELS, SMOLLM2_NAME, resolve_model_path
+from rllib_arpo.models.catalogue import NAMED_MODELS, SMOLLM2_NAME, resolve_model_path
 
 
 def test_the_saved_model_computes_what_the_gguf_file_computes(smollm2_path):

@@ -13,8 +13,8 @@ import ray
 import torch
 from ray import cloudpickle
 
-from rllib_arpo.learner.group import policy_weights
 from rllib_arpo.rollout.env_runner import ARPOEnvRunner, DataPosition
+from rllib_arpo.weights.object_store import policy_weights
 
 NODE_GONE_TIMEOUT_S = 120
 

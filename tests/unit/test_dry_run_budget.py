@@ -4,10 +4,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from rllib_arpo.cold_start.sft import reference_response_tokens
 from rllib_arpo.data.tir_task import SPLIT_NAMES, TIRTask, format_prompt
 from rllib_arpo.dry_run import PlannedExperiment, response_budget_section
 from rllib_arpo.models.tiny_policy import build_tokenizer
-from rllib_arpo.models.warm_start import reference_response_tokens
 
 OPTIONS = {"seed": 0, "num_entities": 16, "num_train": 6, "num_valid": 3, "num_test": 3}
 TASK = {"type": "tir_task", "split": "train", **OPTIONS}

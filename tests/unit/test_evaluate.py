@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from rllib_arpo.core.rewards import RewardSettings, pass_at_k
-from rllib_arpo.data.datasets import PromptExample, load_dataset
+from rllib_arpo.data.examples import PromptExample
+from rllib_arpo.data.registry import load_dataset
 from rllib_arpo.eval.benchmark import benchmark_name, benchmark_spec, policy_directory
 from rllib_arpo.eval.evaluate import rollout_questions, summarize
 from rllib_arpo.rollout.engine import Generation
@@ -106,6 +107,17 @@ def test_several_samples_per_question_give_pass_at_k_and_transcripts():
     assert metrics["pass@3"] == pytest.approx((1.0 + qa_f1) / 2)
     assert metrics["format_error_rate"] == pytest.approx(1 / 6)  # "no answer"
     assert metrics["tool_calls_per_question/python"] == 0.0
+    assert metrics["accuracy/toy"] == pytest.approx((1 / 3 + qa_f1) / 2)  # one source, reported all the same
+    assert set(metrics) == {
+        "accuracy",
+        "format_error_rate",
+        "reward_mean",
+        "response_tokens_mean",
+        "pass@2",
+        "pass@3",
+        "accuracy/toy",
+        "tool_calls_per_question/python",
+    }
     record = json.loads(json.dumps(results[0].transcript()))
     assert record["ground_truth"] == "6" and len(record["samples"]) == 3
     assert {s["response"] for s in record["samples"]} == set(answers["Q: 2 * 3?\n"])
@@ -147,7 +159,8 @@ def test_the_policy_is_a_model_directory_or_the_one_a_checkpoint_holds(tmp_path)
 def test_the_default_held_out_set_is_the_split_the_dataset_type_declares(monkeypatch):
     from types import SimpleNamespace
 
-    from rllib_arpo.data.datasets import DATASET_LOADERS, PromptExample, dataset_documents
+    from rllib_arpo.data.examples import PromptExample
+    from rllib_arpo.data.registry import DATASET_LOADERS, dataset_documents
     from rllib_arpo.eval.evaluate import held_out_examples
 
     monkeypatch.setattr(DATASET_LOADERS, "_entries", dict(DATASET_LOADERS._entries))

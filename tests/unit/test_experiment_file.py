@@ -66,6 +66,10 @@ def write(directory: Path, text: str, name: str = "experiment.yaml") -> str:
         ({"beta": {"choice": [0.1, "y"]}}, "beta: expected a number, got 'y'"),
         ({"initial_rollouts": {"randint": [2, 2]}}, r"initial_rollouts: randint needs low < high, got [2, 2]"),
         ({"totl_rollouts": 4}, "unknown config key 'totl_rollouts' (did you mean total_rollouts"),
+        (
+            {"old_logprobs": "learner"},
+            "unknown config key 'old_logprobs' (old_logprobs was renamed old_logprob_source)",
+        ),
         ({"policy_loss": "cispo", "dual_clip": 3.0}, "dual_clip applies to the clipped-surrogate losses; policy_loss"),
         (
             {"advantage_estimator": "aepo", "entropy_advantage_base": "arpo_hard"},
@@ -248,6 +252,38 @@ def test_relative_paths_resolve_against_the_file_then_the_launch_directory(tmp_p
     [experiment] = load_experiments(path).values()
     assert experiment["config"]["dataset"]["path"] == str(config_dir / "data" / "q.jsonl")
     assert experiment["config"]["tools"]["search"]["corpus_path"] == str(launch_dir / "corpora" / "c.jsonl")
+
+
+def test_the_file_and_the_python_api_run_the_same_rules(monkeypatch):
+    from rllib_arpo import config_rules
+    from rllib_arpo.algorithm import ARPOConfig
+    from rllib_arpo.experiment_file import check_config
+
+    def tau_at_most_a_half(config):
+        if config.tau > 0.5:
+            raise ValueError(f"tau {config.tau} is above 0.5")
+
+    monkeypatch.setattr(config_rules, "CONFIG_RULES", (*config_rules.CONFIG_RULES, tau_at_most_a_half))
+    with pytest.raises(ValueError, match=r"^ARPOConfig: tau 0.6 is above 0.5$"):
+        ARPOConfig().policy(model_path="tiny").rollouts(tau=0.6).validate()
+    with pytest.raises(ConfigError, match=r"^tau 0.6 is above 0.5$"):
+        check_config({"model_path": "tiny", "tau": 0.6})
+    check_config({"model_path": "tiny", "tau": 0.5})
+
+
+def test_the_default_held_out_set_is_the_split_the_dataset_type_declares(monkeypatch):
+    import dataclasses
+
+    from rllib_arpo.eval import evaluate
+    from rllib_arpo.experiment_file import check_config
+
+    loaders = evaluate.DATASET_LOADERS
+    tir_task = loaders.get("tir_task")
+    monkeypatch.setitem(loaders._entries, "tir_task", dataclasses.replace(tir_task, held_out_split="validation"))
+    with pytest.raises(ConfigError, match=r"^held_out_dataset: unknown split 'validation'; the splits are "):
+        check_config({"model_path": "tiny", "held_out_interval": 1})
+    monkeypatch.setitem(loaders._entries, "tir_task", dataclasses.replace(tir_task, held_out_split="valid"))
+    check_config({"model_path": "tiny", "held_out_interval": 1})
 
 
 def test_every_grid_value_is_checked_once():

@@ -240,7 +240,7 @@ def test_loop_two_epochs_are_two_updates_on_the_same_batch(model_dir):
     from rllib_arpo.algorithm import ARPOConfig
     from rllib_arpo.core.tree import TrajectoryRow
     from rllib_arpo.learner.packing import pad_rows
-    from rllib_arpo.learner.rl_module import placeholder_spaces
+    from rllib_arpo.spaces import placeholder_spaces
 
     vocab = AutoConfig.from_pretrained(model_dir).vocab_size
     rng = np.random.default_rng(0)

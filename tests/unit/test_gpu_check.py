@@ -181,7 +181,7 @@ def test_an_engine_that_receives_into_copies_fails(lively_model_dir, monkeypatch
 
     def receive_into_copies(engine, *args):
         layout = open_weight_group(engine, *args)
-        engine._weight_targets = [tensor.clone() for tensor in engine._weight_targets]
+        engine._weight_receiver.targets = [tensor.clone() for tensor in engine._weight_receiver.targets]
         return layout
 
     monkeypatch.setattr(HFEngine, "open_weight_group", receive_into_copies)

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from rllib_arpo.algorithm import ARPOConfig
-from rllib_arpo.data.datasets import PromptStream, load_dataset
+from rllib_arpo.data.prompt_stream import PromptStream
 from rllib_arpo.data.prompts import encode_prompt
+from rllib_arpo.data.registry import load_dataset
 
 DATA = Path(os.environ.get("ARPO_DATA_DIR", Path(__file__).resolve().parents[3] / "shared/data/arpo"))
 needs_data = pytest.mark.skipif(not DATA.exists(), reason="ARPO reference data not present")
@@ -16,8 +17,9 @@ needs_data = pytest.mark.skipif(not DATA.exists(), reason="ARPO reference data n
 
 def test_core_imports_neither_ray_nor_transformers():
     code = (
-        "import sys, rllib_arpo.core, rllib_arpo.core.advantages, rllib_arpo.core.branching, "
-        "rllib_arpo.core.entropy, rllib_arpo.core.losses, rllib_arpo.core.rewards, rllib_arpo.core.tree; "
+        "import sys, rllib_arpo.core, rllib_arpo.core.advantages, rllib_arpo.core.branching, rllib_arpo.core.dtypes, "
+        "rllib_arpo.core.entropy, rllib_arpo.core.logprobs, rllib_arpo.core.losses, rllib_arpo.core.rewards, "
+        "rllib_arpo.core.tree; "
         "print(sorted(m for m in ('ray', 'transformers') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -160,8 +162,14 @@ def test_fluent_setters_reject_unknown_fields():
     config = config.training(policy_loss="sg_clip", lr=1e-5)
     assert (config.total_rollouts, config.initial_rollouts, config.tau, config.early_children) == (6, 3, 0.4, True)
     assert (config.policy_loss, config.lr) == ("sg_clip", 1e-5)
-    with pytest.raises(ValueError, match=r"unknown field\(s\) \['N'\] for .rollouts\(\)"):
+    with pytest.raises(ValueError, match=r"unknown field 'N' for .rollouts\(\); known: \['total_rollouts', "):
         ARPOConfig().rollouts(N=4)
+    with pytest.raises(
+        ValueError, match=r"unknown field 'max_staleness' for .learners\(\) \(a field of .rollouts\(\)\)"
+    ):
+        ARPOConfig().learners(max_staleness=1)
+    with pytest.raises(ValueError, match=r"unknown field 'old_logprobs' for .training\(\) \(old_logprobs was renamed "):
+        ARPOConfig().training(old_logprobs="learner")
 
 
 def test_each_field_group_is_the_one_source_of_its_fields_and_defaults():
@@ -189,6 +197,25 @@ def test_each_field_group_is_the_one_source_of_its_fields_and_defaults():
     settings = from_config(RolloutSettings, config)
     assert (settings.total_rollouts, settings.initial_rollouts, settings.tau) == (6, 3, 0.4)
     assert settings.branching_policy().base.tau == 0.4 and settings.early_children is False
+
+
+def test_each_setters_docstring_is_its_groups_summary_and_every_field_name():
+    from dataclasses import fields as fields_of
+
+    from rllib_arpo.config_fields import CONFIG_GROUPS
+
+    assert ARPOConfig.data.__doc__ == (
+        "Set DataSettings fields: Where prompts come from.\n\n"
+        "Fields: dataset, prompts_per_env_runner, max_prompt_tokens."
+    )
+    assert ARPOConfig.training.__doc__.endswith(
+        "weight_decay, entropy_advantage_coef, entropy_advantage_base, reward_kl_coef. "
+        "Any other keyword goes to RLlib's ``AlgorithmConfig.training``."
+    )
+    for group_name, group in CONFIG_GROUPS.items():
+        doc = getattr(ARPOConfig, group_name).__doc__
+        missing = [field.name for field in fields_of(group) if not re.search(rf"\b{field.name}\b", doc)]
+        assert missing == [], f".{group_name}() does not name {missing}"
 
 
 def test_tir_task_dataset_and_prompt_stream_shards():
@@ -237,7 +264,7 @@ def test_plain_prompts_are_encoded_without_special_tokens():
 
 
 def test_a_dataset_with_its_own_corpus_is_searched_there():
-    from rllib_arpo.data.datasets import tools_for_dataset
+    from rllib_arpo.data.dataset_tools import tools_for_dataset
     from rllib_arpo.data.tir_task import TIRTask
 
     tools = {"search": {"backend": "cache", "corpus_path": "/data/search_cache.json", "top_k": 2}, "python": {}}

@@ -12,12 +12,13 @@ from transformers import AutoConfig
 from rllib_arpo.algorithm import ARPOConfig
 from rllib_arpo.core.losses import LOSS_AGGREGATIONS, LossAggregation
 from rllib_arpo.core.tree import TrajectoryRow
-from rllib_arpo.learner import rl_module
+from rllib_arpo.learner.forward import sequence_logprobs
 from rllib_arpo.learner.packed_forward import packed_logprobs
 from rllib_arpo.learner.packing import pad_rows
-from rllib_arpo.learner.rl_module import hf_state_dict, placeholder_spaces
+from rllib_arpo.learner.rl_module import hf_state_dict
 from rllib_arpo.learner.torch_learner import SAMPLER_LOGPROBS, ARPOTorchLearner
 from rllib_arpo.rollout.hf_engine import HFEngine
+from rllib_arpo.spaces import placeholder_spaces
 
 LR = 1e-3
 EPS = 0.2  # clip_eps_low = clip_eps_high
@@ -372,8 +373,7 @@ def test_a_packed_update_gives_the_padded_update(model_dir, packing, micro_batch
     expected = gradients(padded, batch)
     laid_out = []  # tokens of each packed forward pass (policy and reference model)
     monkeypatch.setattr(
-        rl_module,
-        "packed_logprobs",
+        "rllib_arpo.learner.forward.packed_logprobs",
         lambda model, micro, **kwargs: laid_out.append(micro.num_tokens) or packed_logprobs(model, micro, **kwargs),
     )
     packed_gradients = gradients(packed, batch)
@@ -413,7 +413,7 @@ def batch_sampled_in_bfloat16(model_dir: str, learner: ARPOTorchLearner) -> dict
     batch = training_batch(learner)
     engine_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
     with torch.no_grad():
-        engine_logprobs, _ = rl_module.sequence_logprobs(engine_model, batch)
+        engine_logprobs, _ = sequence_logprobs(engine_model, batch)
     batch["old_logprobs"] = torch.where(batch["loss_mask"] > 0, engine_logprobs, torch.zeros_like(engine_logprobs))
     return batch
 

@@ -1,10 +1,10 @@
-"""learner.logprobs.chunked_token_logprobs: exact values and gradients, chunk-sized logits only."""
+"""core.logprobs.chunked_token_logprobs: exact values and gradients, chunk-sized logits only."""
 
 import pytest
 import torch
 
 from rllib_arpo.core.entropy import entropy_from_logits
-from rllib_arpo.learner.logprobs import chunked_token_logprobs
+from rllib_arpo.core.logprobs import chunked_token_logprobs
 
 TOKENS, HIDDEN, VOCAB, CHUNK = 50, 16, 300, 8
 

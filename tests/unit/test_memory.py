@@ -2,6 +2,9 @@
 
 import pytest
 
+from rllib_arpo.core.registry import Registry
+from rllib_arpo.learner import memory
+from rllib_arpo.learner.backends import LearnerBackend
 from rllib_arpo.learner.memory import GIB, ModelShape, estimate_learner_memory
 
 P = 7_615_616_512  # Qwen2.5-7B
@@ -35,6 +38,27 @@ def test_zero_partitions_over_the_learners(stage, offload, expected):
         zero_offload=offload, **NO_ACTIVATIONS,
     )  # fmt: skip
     assert (memory.weights, memory.gradients, memory.optimizer, memory.offloaded) == expected
+
+
+def test_the_layout_is_what_the_backend_declares_whatever_its_name(monkeypatch):
+    """ZeRO-2 rows for a backend that partitions by ZeRO stage, a replica with DDP's buckets (the
+    gradients twice) for one that keeps them, a plain replica (bf16 with float32 master weights)
+    for one that declares neither."""
+    backends = Registry("learner backend")
+    backends.add("partitioned", LearnerBackend("unused:Learner", packing=("padded",), partitions_by_zero_stage=True))
+    backends.add("bucketed", LearnerBackend("unused:Learner", packing=("padded",), gradient_buckets=True))
+    backends.add("replica", LearnerBackend("unused:Learner", packing=("padded",)))
+    monkeypatch.setattr(memory, "LEARNER_BACKENDS", backends)
+
+    def layout(backend):
+        estimate = estimate_learner_memory(
+            QWEN_7B, dtype="bfloat16", learner_backend=backend, num_learners=8, zero_stage=2, **NO_ACTIVATIONS
+        )
+        return estimate.weights, estimate.gradients, estimate.optimizer
+
+    assert layout("partitioned") == (2 * P, 2 * P // 8, 12 * P // 8)
+    assert layout("bucketed") == (6 * P, 8 * P, 8 * P)
+    assert layout("replica") == (6 * P, 4 * P, 8 * P)
 
 
 def test_activations_and_logits_follow_checkpointing_and_chunking():

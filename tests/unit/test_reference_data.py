@@ -9,7 +9,7 @@ blank (a compass construction): no answer can match it.
 import pytest
 
 from rllib_arpo.core.rewards import hierarchical_reward
-from rllib_arpo.data.datasets import load_dataset
+from rllib_arpo.data.registry import load_dataset
 
 FILES = {
     "rl_datasets/train_10k.parquet": 10_000,

@@ -3,7 +3,7 @@ import pytest
 from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS
 from rllib_arpo.core.losses import LOSS_AGGREGATIONS, POLICY_LOSSES
 from rllib_arpo.core.registry import Registry
-from rllib_arpo.data.datasets import DATASET_LOADERS
+from rllib_arpo.data.registry import DATASET_LOADERS
 from rllib_arpo.rollout.engine import ENGINES
 from rllib_arpo.tools.base import TOOLS
 from rllib_arpo.tools.search import SEARCH_BACKENDS

@@ -20,7 +20,6 @@ from transformers import AutoConfig
 
 from rllib_arpo.algorithm import ARPOConfig
 from rllib_arpo.learner import rllib_compat
-from rllib_arpo.learner.rl_module import placeholder_spaces
 from rllib_arpo.learner.rllib_compat import (
     DATA_PARALLEL_HOOK,
     PINNED_RAY_VERSION,
@@ -31,6 +30,7 @@ from rllib_arpo.learner.rllib_compat import (
     zero_gradients,
 )
 from rllib_arpo.learner.torch_learner import ARPOTorchLearner
+from rllib_arpo.spaces import placeholder_spaces
 
 ROWS, LENGTH = 3, 7
 
@@ -258,12 +258,13 @@ def test_thawed_leaves_an_unfrozen_config_unfrozen():
 def test_compat_is_the_only_module_naming_rllib_privates():
     """Our learner code reaches RLlib's private attributes only through rllib_compat."""
     import rllib_arpo.learner.deepspeed_learner as deepspeed_learner
+    import rllib_arpo.learner.forward as forward
     import rllib_arpo.learner.group as group
     import rllib_arpo.learner.rl_module as rl_module
     import rllib_arpo.learner.torch_learner as torch_learner
 
     privates = ("_optimizer_parameters", "._params", "_is_frozen", "._device", "._worker_manager", "._learner")
-    for module in (torch_learner, rl_module, deepspeed_learner, group):
+    for module in (torch_learner, rl_module, forward, deepspeed_learner, group):
         source = inspect.getsource(module)
         assert not [name for name in privates if name in source], module.__name__
     compat_source = inspect.getsource(rllib_compat)

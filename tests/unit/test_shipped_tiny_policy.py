@@ -1,4 +1,4 @@
-"""The tiny policy shipped with the package (``model_path: tiny``, ``models.cache.SHIPPED_TINY_POLICY``):
+"""The tiny policy shipped with the package (``model_path: tiny``, ``models.catalogue.SHIPPED_TINY_POLICY``):
 found without a build, and the same policy on every machine, so the laptop demo starts from the
 same place everywhere."""
 
@@ -11,10 +11,12 @@ import rllib_arpo.tools  # noqa: F401  (registers the tools)
 from rllib_arpo.core.branching import NoBranching
 from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.core.settings import from_config
-from rllib_arpo.data.datasets import load_dataset, tools_for_dataset
+from rllib_arpo.data.dataset_tools import tools_for_dataset
 from rllib_arpo.data.prompts import encode_prompt
+from rllib_arpo.data.registry import load_dataset
 from rllib_arpo.experiment_file import check_config, load_experiments
-from rllib_arpo.models.cache import SHIPPED_TINY_POLICY, holds_saved_model, resolve_model_path
+from rllib_arpo.models.cache import holds_saved_model
+from rllib_arpo.models.catalogue import SHIPPED_TINY_POLICY, resolve_model_path
 from rllib_arpo.rollout.hf_engine import HFEngine
 from rllib_arpo.rollout.scoring import score_trees
 from rllib_arpo.rollout.settings import RolloutSettings

@@ -4,14 +4,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer, Qwen2Config
 
+from rllib_arpo.cold_start.saved_tiny_policy import load_or_build_tiny_policy, save_tiny_policy
 from rllib_arpo.data.tir_task import SPLIT_NAMES, TIRTask, format_prompt
-from rllib_arpo.models.tiny_policy import (
-    TAG_TOKENS,
-    build_tiny_policy,
-    build_tokenizer,
-    load_or_build_tiny_policy,
-    save_tiny_policy,
-)
+from rllib_arpo.models.tiny_policy import TAG_TOKENS, build_tiny_policy, build_tokenizer
 
 TRICKY_TEXTS = [
     "<think> I need the population of Zorvath. </think> <search> population of Zorvath </search>",

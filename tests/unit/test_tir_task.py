@@ -3,8 +3,9 @@ import re
 import numpy as np
 import pytest
 
+from rllib_arpo.cold_start.sft import evaluate_arithmetic
 from rllib_arpo.core.rewards import extract_answer, validate_format
-from rllib_arpo.data.datasets import dataset_documents, load_dataset
+from rllib_arpo.data.registry import dataset_documents, load_dataset
 from rllib_arpo.data.tir_task import (
     DEMONSTRATION_QUALITIES,
     QUESTION_KINDS,
@@ -21,7 +22,6 @@ from rllib_arpo.data.tir_task import (
     is_answerable,
     reference_solution,
 )
-from rllib_arpo.models.warm_start import evaluate_arithmetic
 from rllib_arpo.tools.base import find_tool_call
 from rllib_arpo.tools.python_sandbox import PythonTool
 from rllib_arpo.tools.search import NO_RESULTS, SearchTool
@@ -339,8 +339,8 @@ def test_renamed_question_needs_a_second_search(namesakes: TIRTask, namesakes_to
         turns = reference_solution(example, **namesakes_tools).turns
         assert [turn.call.name for turn in turns] == ["search", "search"] + ["python"] * bool(example.calculation)
         assert [turn.call.query for turn in turns[:2]] == [fact.query, f"{fact.attribute} of {new_name}"]
-        assert str(fact.value) not in turns[0].result and new_name in turns[0].result
-        assert f"The {fact.attribute} of {new_name} is {fact.value}." in turns[1].result
+        assert str(fact.value) not in turns[0].text and new_name in turns[0].text
+        assert f"The {fact.attribute} of {new_name} is {fact.value}." in turns[1].text
     for trap in namesakes.traps.values():  # the figures are under the new name alone: the old one misses them
         if trap.kind == "renamed":
             assert trap.documents()[1] == trap.other.document()
@@ -353,20 +353,20 @@ def test_near_namesake_result_shows_both_names(namesakes: TIRTask, namesakes_too
         [fact] = example.facts
         distractor = namesakes.traps[fact.entity].other
         [turn, *_] = reference_solution(example, **namesakes_tools).turns
-        assert distractor.name in turn.result
+        assert distractor.name in turn.text
         other_value = distractor.attributes[fact.attribute]
-        assert f"The {fact.attribute} of {distractor.name} is {other_value}." in turn.result
-        assert other_value != fact.value and fact.read_from(turn.result) == fact.value
+        assert f"The {fact.attribute} of {distractor.name} is {other_value}." in turn.text
+        assert other_value != fact.value and fact.read_from(turn.text) == fact.value
 
 
 def test_outdated_figure_is_stated_before_the_current_one(namesakes: TIRTask, namesakes_tools: dict):
     for example in single_lookups(namesakes, "outdated_figure"):
         [fact] = example.facts
         [turn, *_] = reference_solution(example, **namesakes_tools).turns
-        stated = re.findall(rf"{fact.attribute} of {fact.entity} (?:as|is) (\d+)\.", turn.result)
+        stated = re.findall(rf"{fact.attribute} of {fact.entity} (?:as|is) (\d+)\.", turn.text)
         old_value = namesakes.traps[fact.entity].other.attributes[fact.attribute]
         assert [int(value) for value in stated] == [old_value, fact.value] and old_value != fact.value
-        assert fact.read_from(turn.result) == fact.value
+        assert fact.read_from(turn.text) == fact.value
 
 
 def test_namesakes_dataset_brings_its_corpus(namesakes: TIRTask):

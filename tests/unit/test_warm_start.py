@@ -6,12 +6,7 @@ import pytest
 import torch
 
 import rllib_arpo.tools  # noqa: F401  (registers the tools)
-from rllib_arpo.core.rewards import RewardSettings
-from rllib_arpo.data.datasets import PromptExample
-from rllib_arpo.data.tir_task import SPLIT_NAMES, TIRExample, TIRTask, format_prompt
-from rllib_arpo.eval.evaluate import evaluate_policy
-from rllib_arpo.models.tiny_policy import TAG_TOKENS, build_tiny_policy, build_tokenizer
-from rllib_arpo.models.warm_start import (
+from rllib_arpo.cold_start.sft import (
     COPY_DRILL_ANSWER,
     COPY_DRILL_PROMPT,
     LENGTH_POOL_BATCHES,
@@ -26,6 +21,11 @@ from rllib_arpo.models.warm_start import (
     sft_loss,
     warm_start,
 )
+from rllib_arpo.core.rewards import RewardSettings
+from rllib_arpo.data.examples import PromptExample
+from rllib_arpo.data.tir_task import SPLIT_NAMES, TIRExample, TIRTask, format_prompt
+from rllib_arpo.eval.evaluate import evaluate_policy
+from rllib_arpo.models.tiny_policy import TAG_TOKENS, build_tiny_policy, build_tokenizer
 from rllib_arpo.rollout.engine import Generation
 from rllib_arpo.rollout.settings import RolloutSettings
 from rllib_arpo.tools.base import ToolExecutor

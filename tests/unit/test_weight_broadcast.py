@@ -1,4 +1,4 @@
-"""learner.weight_broadcast without Ray: the layout, and a gloo broadcast between two threads."""
+"""weights.broadcast without Ray: the layout, and a gloo broadcast between two threads."""
 
 import socket
 import threading
@@ -6,8 +6,8 @@ import threading
 import pytest
 import torch
 
-from rllib_arpo.learner.weight_broadcast import WeightBroadcastGroup, WeightLayout
 from rllib_arpo.models.tiny_policy import build_tiny_policy, build_tokenizer
+from rllib_arpo.weights.broadcast import WeightBroadcastGroup, WeightLayout
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rllib_arpo.learner.weight_delta import apply, delta_bytes, encode, payload_bytes
+from rllib_arpo.weights.delta import apply, delta_bytes, encode, payload_bytes
 
 
 def _weights(dtype):
@@ -120,12 +120,12 @@ def assert_bit_identical(runner, weights: dict[str, torch.Tensor]) -> None:
 
 
 def test_delta_sync_sends_changes_only_and_full_after_a_restart(delta_runner, monkeypatch):
-    from rllib_arpo import weight_sync
+    from rllib_arpo.weights import delta
 
-    monkeypatch.setattr(weight_sync.ray, "put", lambda value: value)
+    monkeypatch.setattr(delta.ray, "put", lambda value: value)
     runners = {1: delta_runner(), 2: delta_runner()}
     learner = LearnerGroupStandIn(engine_state(runners[1]))
-    group, sync = EnvRunnerGroupStandIn(runners), weight_sync.ObjectStoreDeltaSync()
+    group, sync = EnvRunnerGroupStandIn(runners), delta.ObjectStoreDeltaSync()
     full_bytes = sum(t.numel() * t.element_size() for t in learner.weights.values())
 
     def push(version, runner_ids=None):

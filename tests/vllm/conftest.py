@@ -19,7 +19,7 @@ if importlib.util.find_spec("vllm") is not None:
     # test modules' importorskip skips the tier only where vLLM is not installed at all
     import vllm  # noqa: F401
 
-from rllib_arpo.models.cache import SHIPPED_TINY_POLICY
+from rllib_arpo.models.catalogue import SHIPPED_TINY_POLICY
 from rllib_arpo.rollout.hf_engine import HFEngine
 
 LOGPROBS_K = 20

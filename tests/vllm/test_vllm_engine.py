@@ -25,11 +25,11 @@ from rllib_arpo.core.branching import NoBranching  # noqa: E402
 from rllib_arpo.core.entropy import entropy_from_logits  # noqa: E402
 from rllib_arpo.core.tree import SegmentKind  # noqa: E402
 from rllib_arpo.data.tir_task import TIRTask, format_prompt  # noqa: E402
-from rllib_arpo.learner.weight_broadcast import WeightBroadcastGroup  # noqa: E402
 from rllib_arpo.rollout.engine import GenerationEngine, SamplingParams  # noqa: E402
 from rllib_arpo.rollout.settings import RolloutSettings  # noqa: E402
 from rllib_arpo.rollout.tree_rollout import TreeRollout  # noqa: E402
 from rllib_arpo.tools.base import ToolExecutor, build_tools  # noqa: E402
+from rllib_arpo.weights.broadcast import WeightBroadcastGroup  # noqa: E402
 
 TOOL_TAGS = ("</search>", "</python>")
 LOGPROB_ATOL = 1e-3  # two float32 implementations of the same network (different kernels)

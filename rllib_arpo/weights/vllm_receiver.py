@@ -15,7 +15,7 @@ A tied tensor is received once and handed on under each of its names (the embedd
 output layer's too): only a module that is loaded is processed again, and vLLM's CPU backend keeps
 a repacked copy of the tied weight in the output layer.
 
-The backend is the group's (``weight_sync.open_broadcast_group``): gloo for CPU tensors, NCCL
+The backend is the group's (``weights.broadcast.open_broadcast_group``): gloo for CPU tensors, NCCL
 where the learner and every engine hold CUDA tensors; each tensor is received on the worker's
 device. Tested on vLLM's CPU build with gloo (tests/vllm); the NCCL path runs in
 ``rllib check-gpu``.
@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 import torch
 
-from rllib_arpo.learner.weight_broadcast import WeightBroadcastGroup, WeightLayout
+from rllib_arpo.weights.broadcast import WeightBroadcastGroup, WeightLayout
 
 
 class WeightReceiver:

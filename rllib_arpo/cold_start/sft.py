@@ -39,10 +39,11 @@ demonstrations, and on the reference training set's questions that the search ca
 from __future__ import annotations
 
 import ast
+import contextlib
 import operator
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,7 +51,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rllib_arpo.data.datasets import PromptExample, tir_task_example
+from rllib_arpo.data.examples import PromptExample
+from rllib_arpo.data.loaders.tir_task import tir_task_example
 from rllib_arpo.data.prompts import encode_prompt
 from rllib_arpo.data.tir_task import DEMONSTRATION_QUALITIES, TaskVariant, TIRTask, demonstration
 from rllib_arpo.tools.base import RESULT_CLOSE, RESULT_OPEN, encode_tool_result
@@ -325,43 +327,102 @@ def warm_start(
         raise ValueError(f"{len(demonstrations)} demonstrations do not fit in {steps} steps of {batch_size}")
     rng = np.random.default_rng(seed)
     drills = copy_drill_sequences(tokenizer, rng, copy_drill_steps * batch_size)
-    fresh = steps * batch_size - len(demonstrations)
+    dataset = demonstration_sequences(
+        tokenizer,
+        rng,
+        steps * batch_size,
+        quality_mix,
+        demonstrations,
+        max_tool_result_tokens=max_tool_result_tokens,
+        variant=variant,
+    )
+    demonstration_batches = length_pooled_batches([len(sequence.input_ids) for sequence in dataset], batch_size, rng)
+    phases = [
+        ("copy drill", [drills[i : i + batch_size] for i in range(0, len(drills), batch_size)], lambda step: 1.0),
+        ("warm-start SFT", [[dataset[i] for i in batch] for batch in demonstration_batches], warmup_then_decay(steps)),
+    ]
+    losses: list[float] = []
+    with training_mode(model, num_threads):
+        for name, batches, lr_scale in phases:
+            losses += train_phase(
+                model, batches, tokenizer.pad_token_id, lr=lr, lr_scale=lr_scale, name=name, progress=progress
+            )
+    return losses
+
+
+def demonstration_sequences(
+    tokenizer: PreTrainedTokenizerBase,
+    rng: np.random.Generator,
+    count: int,
+    quality_mix: Mapping[str, float],
+    demonstrations: Sequence[Demonstration],
+    *,
+    max_tool_result_tokens: int,
+    variant: TaskVariant,
+) -> list[SFTSequence]:
+    """The ``count`` sequences of the demonstration phase: the given ``demonstrations`` and as many
+    fresh ones (``sft_dataset``) as fill ``count``, shuffled together when there are given ones."""
     dataset = sft_dataset(
-        tokenizer, rng, quality_mix, fresh, max_tool_result_tokens=max_tool_result_tokens, variant=variant
+        tokenizer,
+        rng,
+        quality_mix,
+        count - len(demonstrations),
+        max_tool_result_tokens=max_tool_result_tokens,
+        variant=variant,
     )
     if demonstrations:
         dataset += [encode_demonstration(tokenizer, pair, max_tool_result_tokens) for pair in demonstrations]
         dataset = [dataset[i] for i in rng.permutation(len(dataset))]
-    demonstration_batches = length_pooled_batches([len(sequence.input_ids) for sequence in dataset], batch_size, rng)
+    return dataset
+
+
+def warmup_then_decay(steps: int) -> Callable[[int], float]:
+    """The demonstration phase's learning-rate factor at ``step``: linear warm-up over the first
+    ``w = max(1, steps // 10)`` steps, then linear decay to 0,
+    ``min((step + 1) / w, (steps - step) / max(1, steps - w))``."""
     warmup = max(1, steps // 10)
-    phases = [
-        ("copy drill", [drills[i : i + batch_size] for i in range(0, len(drills), batch_size)], lambda step: 1.0),
-        (
-            "warm-start SFT",
-            [[dataset[i] for i in batch] for batch in demonstration_batches],
-            lambda step: min((step + 1) / warmup, (steps - step) / max(1, steps - warmup)),
-        ),
-    ]
-    losses: list[float] = []
+    return lambda step: min((step + 1) / warmup, (steps - step) / max(1, steps - warmup))
+
+
+@contextlib.contextmanager
+def training_mode(model: PreTrainedModel, num_threads: int | None) -> Iterator[None]:
+    """``model`` in train mode and torch on ``num_threads`` threads (default ``os.cpu_count()``)
+    inside; eval mode and the previous thread count after, also when training raises."""
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(num_threads or os.cpu_count() or 1)
     model.train()
     try:
-        for name, batches, lr_scale in phases:
-            optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-            schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_scale)
-            bar = tqdm(batches, desc=name, disable=not progress or not batches)
-            for batch in bar:
-                loss = sft_loss(model, pad_batch(batch, tokenizer.pad_token_id))
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                schedule.step()
-                losses.append(loss.item())
-                bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        yield
     finally:
         model.eval()
         torch.set_num_threads(previous_threads)
+
+
+def train_phase(
+    model: PreTrainedModel,
+    batches: Sequence[list[SFTSequence]],
+    pad_token_id: int,
+    *,
+    lr: float,
+    lr_scale: Callable[[int], float],
+    name: str,
+    progress: bool,
+) -> list[float]:
+    """One AdamW run (weight decay 0.01, a fresh optimiser) of a step per batch at learning rate
+    ``lr * lr_scale(step)``, each batch right-padded with ``pad_token_id``; the loss of every step.
+    ``name`` labels the progress bar."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_scale)
+    losses: list[float] = []
+    bar = tqdm(batches, desc=name, disable=not progress or not batches)
+    for batch in bar:
+        loss = sft_loss(model, pad_batch(batch, pad_token_id))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
     return losses
 
 

@@ -1,4 +1,5 @@
-"""Log-probabilities (and entropies) of target tokens, from hidden states, a chunk at a time.
+"""Log-probabilities (and entropies) of next tokens under softmax(logits / T), the math the
+rollout's reference policy and the learner share.
 
     log pi(x_{t+1} | x_<=t) = z_t[x_{t+1}] - logsumexp(z_t),    z_t = W h_t / T   (the LM head)
 
@@ -6,15 +7,15 @@ with T the sampling temperature (1 unless the rollouts sample at another: the po
 then the one that sampled, softmax(W h / T), as in verl).
     H_t = -sum_j p_{t,j} log p_{t,j}                             (nats)
 
-The plain way computes the logits of every position at once: a ``[tokens, vocab]`` tensor in the
-model's dtype plus its float32 copy, and autograd keeps them for the backward pass. At 8 rows of
-4k tokens and a 152k vocabulary that is 20 GB of float32 logits. ``chunked_token_logprobs`` works
-on ``chunk_size`` positions at a time and checkpoints each chunk: only the hidden states are kept,
-and a chunk's logits are made again in the backward pass, so no more than ``chunk_size * vocab``
-float32 values exist at any time, forward or backward.
-
-Inputs are flat (``[tokens, hidden]`` and ``[tokens]``), so padded rows (flattened) and packed
-sequences go through the same function.
+``next_token_logprobs`` takes a model's full logits ``[B, L, V]``. That plain way computes the
+logits of every position at once: a ``[tokens, vocab]`` tensor in the model's dtype plus its
+float32 copy, and autograd keeps them for the backward pass. At 8 rows of 4k tokens and a 152k
+vocabulary that is 20 GB of float32 logits. ``chunked_token_logprobs`` starts from the final hidden
+states instead and works on ``chunk_size`` positions at a time, checkpointing each chunk: only the
+hidden states are kept, and a chunk's logits are made again in the backward pass, so no more than
+``chunk_size * vocab`` float32 values exist at any time, forward or backward. Its inputs are flat
+(``[tokens, hidden]`` and ``[tokens]``), so padded rows (flattened) and packed sequences go through
+the same function.
 """
 
 from __future__ import annotations
@@ -23,6 +24,14 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rllib_arpo.core.entropy import entropy_from_logits
+
+
+def next_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log pi(x_t | x_<t) for t = 1..L-1 from logits [B, L, V] divided by ``temperature``: result
+    [B, L-1] (float32)."""
+    logits = logits[:, :-1].float() / temperature
+    targets = input_ids[:, 1:].unsqueeze(-1)
+    return logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
 def _chunk_logprobs(

@@ -1,0 +1,84 @@
+"""The one validation of an ARPO config, and the rules between its field groups.
+
+``validate_config`` is what ``ARPOConfig.validate`` runs (and, through it, the experiment file's
+check): the RLlib fields ARPO reads (``config_fields.RLLIB_FIELDS``), every field group of
+``config_fields.CONFIG_GROUPS`` (each checks its own fields in ``__post_init__``, the rules between
+them included), the model path, then ``CONFIG_RULES`` in order. The rules here concern two groups,
+or hold for RL training only (the groups are also built for evaluation, which may sample greedily);
+each is a small function whose docstring gives its reason, and reads what the registry entries
+declare rather than their names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rllib_arpo.config_fields import CONFIG_GROUPS, check_rllib_fields
+from rllib_arpo.core.settings import from_config
+from rllib_arpo.learner.backends import LEARNER_BACKENDS
+from rllib_arpo.learner.memory import check_batch_fits_in_memory
+from rllib_arpo.models.catalogue import check_model_path
+
+
+def sampling_needs_a_temperature(config: Any) -> None:
+    """RL samples from softmax(logits / T): T > 0 (a held-out evaluation may sample greedily, so
+    the rollout group itself allows 0)."""
+    if not config.temperature > 0:
+        raise ValueError(f"temperature must be > 0 for RL sampling, got {config.temperature}")
+
+
+def temperature_needs_learner_logprobs(config: Any) -> None:
+    """The engines report log-probs of the temperature-1 distribution, the learner trains
+    softmax(logits / T): with T != 1 pi_old must come from the learner, and there is no engine
+    log-prob to weigh by (``tis_cap``)."""
+    if config.temperature != 1.0 and (config.old_logprob_source != "learner" or config.tis_cap is not None):
+        raise ValueError(
+            f"temperature {config.temperature} needs old_logprob_source: learner and no tis_cap: the engines "
+            "report log-probs of the temperature-1 distribution, the learner those of softmax(logits / T)"
+        )
+
+
+def staleness_needs_remote_env_runners(config: Any) -> None:
+    """Pipelined rollouts (``max_staleness`` >= 1) sample on remote EnvRunners while the learner
+    updates; the driver's own EnvRunner cannot. RLlib's evaluation config, which ARPO does not
+    use, has no EnvRunners of its own."""
+    if config.max_staleness > 0 and config.num_env_runners == 0 and not config.in_evaluation:
+        raise ValueError(
+            f"max_staleness {config.max_staleness} needs num_env_runners >= 1: the driver's own EnvRunner "
+            "cannot sample while the learner updates"
+        )
+
+
+def float16_needs_loss_scaling(config: Any) -> None:
+    """Under float16 autocast (``master_weights``) the gradients of small losses underflow: the
+    learner backend must scale the loss (``LearnerBackend.loss_scaling``)."""
+    backend = LEARNER_BACKENDS.get(config.learner_backend)
+    if config.dtype == "float16" and config.master_weights and not backend.loss_scaling:
+        scaling = [name for name in LEARNER_BACKENDS if LEARNER_BACKENDS.get(name).loss_scaling]
+        raise ValueError(
+            f"dtype float16 with master_weights needs loss scaling: use bfloat16, or learner_backend: "
+            f"{' or '.join(scaling)} (dynamic loss scaling)"
+        )
+
+
+CONFIG_RULES: tuple[Callable[[Any], None], ...] = (
+    sampling_needs_a_temperature,
+    temperature_needs_learner_logprobs,
+    check_batch_fits_in_memory,
+    staleness_needs_remote_env_runners,
+    float16_needs_loss_scaling,
+)
+"""The rules between groups, run in this order once every group has checked its own fields;
+each raises a ValueError that names the fields."""
+
+
+def validate_config(config: Any) -> None:
+    """Check an ``ARPOConfig`` (module docstring); the first problem raises a ValueError naming
+    its field."""
+    check_rllib_fields(config)
+    for group in CONFIG_GROUPS.values():
+        from_config(group, config)
+    check_model_path(config.model_path)
+    for rule in CONFIG_RULES:
+        rule(config)

@@ -1,0 +1,9 @@
+"""The built-in dataset types, one module each, named as the config's ``dataset.type``.
+
+- ``{"type": "tir_task", "seed": 0, "split": "train"}``: the embedded task (``tir_task``);
+- ``{"type": "parquet", "path": ".../train_10k.parquet"}``: verl's RL format (``parquet``);
+- ``{"type": "jsonl", "path": ".../gsm8k.jsonl"}``: question / answer lines (``jsonl``).
+
+Each registers itself in ``data.registry.DATASET_LOADERS`` when imported (``rllib_arpo.data``
+imports them all). A row of a file without a field it needs raises ``rows.BadRow``.
+"""
