@@ -1,5 +1,6 @@
 """Rewards for tool-integrated reasoning: answer extraction, QA and math scoring, format check,
-and ARPO's hierarchical reward (arXiv 2507.19849, Sec. 3.4).
+and ARPO's hierarchical reward (arXiv 2507.19849, Sec. 3.4), the ``hierarchical`` entry of
+``REWARDS`` (``core.reward_functions``) and the default ``reward`` of the rewards group.
 
 The hierarchical reward of a response with ground truth ``y``::
 
@@ -27,14 +28,15 @@ import re
 import string
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from math_verify import parse, verify
 from math_verify.errors import TimeoutException
 
+from rllib_arpo.core.reward_functions import REWARDS, RewardFunction, resolve_reward
 from rllib_arpo.core.settings import setting
 
 Task = Literal["qa", "math"]
@@ -305,15 +307,21 @@ def validate_format(response: str, tool_tags: Sequence[str] = DEFAULT_TOOL_TAGS)
 # --- hierarchical reward ----------------------------------------------------------------------
 @dataclass(frozen=True)
 class RewardBreakdown:
-    """The hierarchical reward of one response and its parts.
+    """The reward of one response and its parts: the hierarchical reward's, or the configured
+    reward's (``core.reward_functions``) beside the format check and the answer, for the metrics.
 
     Attributes:
-        reward: R (see the module docstring).
+        reward: R (see the module docstring), or what the configured reward returned.
         format_ok / format_reason: the ``validate_format`` result.
         correctness: S in [0, 1]. Computed even when the format fails (for accuracy metrics),
             but then it does not enter ``reward``.
-        bonus: r_M actually added to the reward (0 when the format fails).
+        bonus: r_M actually added to the reward (0 when the format fails); the component
+            ``bonus`` of a configured reward, 0 where it returns none.
         answer: the extracted answer, None when the response states none.
+        components: the named values the reward returned besides the reward and S (the
+            hierarchical reward's: ``bonus``), logged as ``reward/<name>``.
+        error: why the configured reward failed, scoring the response with its fallback; None
+            where it did not.
     """
 
     reward: float
@@ -322,12 +330,23 @@ class RewardBreakdown:
     correctness: float
     bonus: float
     answer: str | None
+    components: Mapping[str, float] = field(default_factory=dict)
+    error: str | None = None
 
 
 @dataclass(frozen=True)
 class RewardSettings:
-    """The knobs of the hierarchical reward (ARPO arXiv 2507.19849, Sec. 3.4)."""
+    """The reward RL trains on, and the knobs of the hierarchical reward (ARPO arXiv 2507.19849, Sec. 3.4)."""
 
+    reward: dict = setting(
+        {"fn": "hierarchical"},
+        "The reward: `fn` is a reward name (`hierarchical`: ARPO's, with the knobs below) or an import path "
+        "`module:attribute`, called as `fn(response=str, row=dict, tool_calls=dict, **options)` and returning a "
+        "number or a mapping with `reward` (and `correct`, S); `batched` (default false): one call per prompt group "
+        "with `responses` and a list of `tool_calls`; `fallback` (default 0.0): the reward of a trajectory whose "
+        "reward raised or returned NaN, inf or no number (counted as `reward_errors`); every other key is an option, "
+        'a keyword argument of every call (CONTRIBUTING, "A reward").',
+    )
     format_penalty: float = setting(-1.0, "R of a response that breaks the TIR format (the reference: -1).")
     correctness: str = setting(
         "auto",
@@ -361,6 +380,11 @@ class RewardSettings:
                 f"{self.overlong_buffer_fraction!r}, {self.overlong_penalty_factor!r}"
             )
         object.__setattr__(self, "multi_tool_set", tuple(self.multi_tool_set))
+        self.reward_function()  # imports and checks the reward now, before any rollout
+
+    def reward_function(self) -> RewardFunction:
+        """The configured ``reward``, resolved (``core.reward_functions.resolve_reward``)."""
+        return resolve_reward(self.reward)
 
 
 def overlong_penalty(length: int, max_length: int, buffer_fraction: float, factor: float = 1.0) -> float:
@@ -382,6 +406,23 @@ def overlong_penalty(length: int, max_length: int, buffer_fraction: float, facto
     if length > max_length:
         return -factor
     return factor * (expected - length) / buffer
+
+
+@REWARDS.register("hierarchical", takes_settings=True)
+def hierarchical(
+    response: str,
+    row: Mapping[str, Any],
+    tool_calls: Mapping[str, int],
+    *,
+    settings: RewardSettings,
+    tool_tags: Sequence[str],
+) -> dict[str, float]:
+    """The ``hierarchical`` reward entry: ``hierarchical_reward`` of the row's ground truth and task,
+    with the run's settings and tools; ``bonus`` is r_M."""
+    breakdown = hierarchical_reward(
+        response, row["ground_truth"], task=row["task"], tool_calls=tool_calls, settings=settings, tool_tags=tool_tags
+    )
+    return {"reward": breakdown.reward, "correct": breakdown.correctness, **breakdown.components}
 
 
 def hierarchical_reward(
@@ -411,11 +452,12 @@ def hierarchical_reward(
     answer = extract_answer(response)
     score = score_answer(answer, ground_truth, metric)
     if not check.ok:
-        return RewardBreakdown(settings.format_penalty, False, check.reason, score, 0.0, answer)
+        return RewardBreakdown(settings.format_penalty, False, check.reason, score, 0.0, answer, {"bonus": 0.0})
     required = settings.multi_tool_set
     used_all_tools = bool(required) and all(tool_calls.get(t, 0) >= 1 for t in required)
     bonus = settings.multi_tool_bonus if score > 0 and used_all_tools else 0.0
-    return RewardBreakdown(settings.correctness_weight * score + bonus, True, check.reason, score, bonus, answer)
+    reward = settings.correctness_weight * score + bonus
+    return RewardBreakdown(reward, True, check.reason, score, bonus, answer, {"bonus": bonus})
 
 
 def accuracy(breakdowns: Sequence[RewardBreakdown]) -> float:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -16,6 +17,8 @@ class PromptExample:
         task: ``"qa"`` or ``"math"``: picks the correctness score of the hierarchical reward.
         source: where the example comes from (the benchmark, or ``tir_task/<kind>``).
         plain_prompt: the text a tokenizer without a chat template reads instead of the messages.
+        extra: every column of the dataset's row that its loader does not read itself (a code
+            task's test cases, a row id), for the reward (``row``).
     """
 
     prompt: str | tuple[Mapping[str, str], ...]
@@ -23,3 +26,11 @@ class PromptExample:
     task: str
     source: str
     plain_prompt: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def row(self) -> dict[str, Any]:
+        """The whole dataset row, as a reward sees it (``core.reward_functions``): ``prompt``,
+        ``ground_truth``, ``task``, ``source`` and the ``extra`` columns (an extra column of one
+        of those four names is shadowed by the example's own)."""
+        own = {"prompt": self.prompt, "ground_truth": self.ground_truth, "task": self.task, "source": self.source}
+        return {**self.extra, **own}

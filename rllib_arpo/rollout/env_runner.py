@@ -2,7 +2,7 @@
 
 Each ``sample()`` takes the next ``prompts_per_env_runner`` prompts of this runner's dataset
 shard, runs the tree rollout (engine + tools + branching policy), scores every trajectory with
-the hierarchical reward (``rollout.scoring``) and returns a ``RolloutBatch``. Held-out
+the configured reward (``rollout.scoring``) and returns a ``RolloutBatch``. Held-out
 evaluation runs on a runner's engine and tools too (``eval.evaluate.evaluate_env_runner``). Metrics go to the runner's
 ``MetricsLogger`` and reach Tune's logs under ``env_runners/``.
 
@@ -13,6 +13,7 @@ brings, or the driver has the engine receive them in place.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -42,12 +43,20 @@ from rllib_arpo.data.prompt_stream import PromptStream
 from rllib_arpo.data.prompts import encode_prompt
 from rllib_arpo.data.registry import load_dataset
 from rllib_arpo.rollout.engine import ENGINES
-from rllib_arpo.rollout.scoring import accuracy_by_source, prompts_by_source, score_trees, training_rewards
+from rllib_arpo.rollout.scoring import (
+    accuracy_by_source,
+    prompts_by_source,
+    reward_metrics,
+    score_trees,
+    training_rewards,
+)
 from rllib_arpo.rollout.settings import RolloutSettings
 from rllib_arpo.rollout.tree_rollout import TreeRollout
 from rllib_arpo.spaces import placeholder_spaces
 from rllib_arpo.tools.base import ToolExecutor, build_tools
 from rllib_arpo.weights import WEIGHT_SYNCS
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -141,6 +150,7 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         settings = from_config(RolloutSettings, cfg)
         self.rollout = TreeRollout(self.engine, self.tools, settings.branching_policy(), settings)
         self.reward_settings = from_config(RewardSettings, cfg)
+        self.reward_error_logged = False  # the first failure of the reward is logged, the rest counted
         self.reference = None
         if cfg.reward_kl_coef > 0:
             from rllib_arpo.rollout.reference import ReferencePolicy
@@ -186,8 +196,9 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
 
     def _log_rollout_metrics(self, examples, trees, scores, trained_rewards, stats, seconds: float) -> None:
         """One value per metric and ``sample()`` call (window 1: the latest iteration).
-        ``reward_mean`` is the hierarchical reward; ``trained_reward_mean`` the reward RL trains on
-        (with DAPO's overlong shaping, where it is on); ``per_source_metrics`` splits a mixed batch."""
+        ``reward_mean`` is the configured reward; ``trained_reward_mean`` the reward RL trains on
+        (with DAPO's overlong shaping, where it is on); ``per_source_metrics`` splits a mixed batch;
+        ``reward_metrics`` counts the reward's failures and averages its components."""
         flat = [score for tree_scores in scores for score in tree_scores]
         rewards = np.array([score.reward for score in flat])
         tree_tool_calls, response_tokens = [Counter() for _ in trees], []
@@ -218,6 +229,11 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
             "weights_version": self.engine.weights_version,
         }
         values.update({f"tool_calls_per_trajectory/{n}": tool_calls[n] / trajectories for n in self.tools.tools})
+        values.update(reward_metrics(flat))
+        first_error = next((score.error for score in flat if score.error is not None), None)
+        if first_error is not None and not self.reward_error_logged:
+            logger.warning("%s; scored with reward.fallback (counted in reward_errors, logged once)", first_error)
+            self.reward_error_logged = True
         values.update(
             per_source_metrics([e.source for e in examples], scores, tree_tool_calls, tuple(self.tools.tools))
         )

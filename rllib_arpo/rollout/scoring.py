@@ -1,8 +1,9 @@
-"""One scoring path: the hierarchical reward of every trajectory of a batch of rollout trees.
+"""One scoring path: the configured reward of every trajectory of a batch of rollout trees.
 
 Training (the EnvRunner), held-out evaluation and the benchmarks all score through
-``score_trees``, with the run's ``RewardSettings`` and the tools it actually has, so a
-response gets the same reward and the same correctness wherever it is scored; ``accuracy``
+``score_trees``, with the run's ``RewardSettings`` (its ``reward``: the hierarchical reward by
+default, ``core.reward_functions``) and the tools it actually has, so a response gets the same
+reward and the same correctness wherever it is scored; ``accuracy``
 (``core.rewards``) is the one accuracy they report, and ``accuracy_by_source`` the one split of
 it by where the prompts come from.
 """
@@ -13,12 +14,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from rllib_arpo.core.reward_functions import RewardValue
 from rllib_arpo.core.rewards import (
     RewardBreakdown,
     RewardSettings,
     accuracy,
-    hierarchical_reward,
+    extract_answer,
     overlong_penalty,
+    validate_format,
 )
 from rllib_arpo.core.tree import RolloutTree
 from rllib_arpo.data.examples import PromptExample
@@ -34,25 +37,31 @@ def score_trees(
     """For each prompt, the reward breakdown of each of its trajectories.
 
     A trajectory's response (tool results included) is decoded without special tokens and scored
-    against its example's ground truth with ``hierarchical_reward``; ``tool_tags`` are the tools
-    of the run (the format check knows those tags).
+    by the configured reward (``settings.reward``) against its example's row; ``tool_tags`` are
+    the tools of the run (the format check knows those tags). The format check and the extracted
+    answer are the breakdown's whatever the reward, for the metrics.
     """
     if len(trees) != len(examples):
         raise ValueError(f"{len(trees)} trees for {len(examples)} examples")
-    return [
-        [
-            hierarchical_reward(
-                tokenizer.decode(tree.trajectory_response_ids(i), skip_special_tokens=True),
-                example.ground_truth,
-                task=example.task,
-                tool_calls=tree.tool_calls(i),
-                settings=settings,
-                tool_tags=tuple(tool_tags),
-            )
+    reward = settings.reward_function()
+    scores = []
+    for tree, example in zip(trees, examples):
+        responses = [
+            tokenizer.decode(tree.trajectory_response_ids(i), skip_special_tokens=True)
             for i in range(tree.num_trajectories)
         ]
-        for tree, example in zip(trees, examples)
-    ]
+        tool_calls = [tree.tool_calls(i) for i in range(tree.num_trajectories)]
+        values = reward.score(responses, example.row(), tool_calls, settings, tool_tags)
+        scores.append([_breakdown(response, value, tool_tags) for response, value in zip(responses, values)])
+    return scores
+
+
+def _breakdown(response: str, value: RewardValue, tool_tags: Sequence[str]) -> RewardBreakdown:
+    """The ``RewardBreakdown`` of a response the reward gave ``value``: its format check and its
+    answer beside what the reward returned."""
+    check, answer = validate_format(response, tuple(tool_tags)), extract_answer(response)
+    bonus, components = value.components.get("bonus", 0.0), value.components
+    return RewardBreakdown(value.reward, check.ok, check.reason, value.correct, bonus, answer, components, value.error)
 
 
 def training_rewards(
@@ -96,3 +105,16 @@ def accuracy_by_source(sources: Sequence[str], scores: Sequence[Sequence[RewardB
         f"accuracy/{source}": accuracy([score for i in prompts for score in scores[i]])
         for source, prompts in prompts_by_source(sources).items()
     }
+
+
+def reward_metrics(scores: Sequence[RewardBreakdown]) -> dict[str, float]:
+    """``reward_errors``: how many of the trajectories ``scores`` the reward failed on (scored with
+    its fallback), and ``reward/<name>``: the mean of each component the reward returned, over the
+    trajectories that returned it."""
+    components: dict[str, list[float]] = {}
+    for score in scores:
+        for name, value in score.components.items():
+            components.setdefault(name, []).append(value)
+    metrics = {"reward_errors": float(sum(score.error is not None for score in scores))}
+    metrics.update({f"reward/{name}": float(np.mean(values)) for name, values in sorted(components.items())})
+    return metrics

@@ -3,7 +3,8 @@
 One JSON object a line, ``question`` (or ``problem``) and ``answer`` (GSM8K's ``#### N`` answers
 are reduced to N; a list is the accepted answers), asked with ARPO's system prompt
 (``data.prompts``). The task is ``math`` for the math benchmarks of ``BENCHMARK_TASKS`` (by file
-name), else ``qa``, unless ``task`` says otherwise. Options: ``limit`` (the first rows only) and
+name), else ``qa``, unless ``task`` says otherwise. Every other field of a line is kept in the
+example's ``extra``, for the reward. Options: ``limit`` (the first rows only) and
 ``skip_bad_rows`` (``rows``).
 """
 
@@ -42,10 +43,10 @@ def load_jsonl(
             raise BadRow(f"not a JSON object ({error})") from None
         if not isinstance(record, dict):
             raise BadRow("not a JSON object")
+        question_field = "question"
         if record.get("question") is None and record.get("problem") is not None:  # AIME 2025's file says "problem"
-            question = record["problem"]
-        else:
-            question = required_field(record, "question")
+            question_field = "problem"
+        question = required_field(record, question_field)
         answer = required_field(record, "answer")
         if isinstance(answer, str) and "####" in answer:
             try:
@@ -53,7 +54,8 @@ def load_jsonl(
             except ValueError:
                 raise BadRow("field 'answer' has an empty '####' line") from None
         truth = tuple(str(a) for a in answer) if isinstance(answer, list) else str(answer)
-        return PromptExample(tir_messages(str(question), system_prompt), truth, task, Path(path).stem)
+        extra = {name: value for name, value in record.items() if name not in (question_field, "answer")}
+        return PromptExample(tir_messages(str(question), system_prompt), truth, task, Path(path).stem, extra=extra)
 
     with open(existing_file(path), encoding="utf-8", errors="replace") as lines:
         rows = ((number, line) for number, line in enumerate(lines, 1) if line.strip())  # line numbers from 1

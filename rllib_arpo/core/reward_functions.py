@@ -1,0 +1,261 @@
+"""Rewards as registry entries, named in the config by name or by import path.
+
+The rewards group's ``reward`` field names the reward RL trains on::
+
+    reward: {fn: "my_pkg.rewards:score", batched: false, fallback: 0.0, my_option: 3}
+
+``fn`` is a ``REWARDS`` entry (the built-in ``hierarchical``, ``core.rewards``) or an import path
+``module:attribute``; every key besides ``fn``, ``batched`` and ``fallback`` is an option, passed
+to the function as a keyword argument. ``resolve_reward`` imports the function and checks its
+signature against the call when the config is built, so a path that does not import or a function
+that cannot take the call is one line before Ray starts.
+
+The call, once per trajectory::
+
+    fn(response=str, row=dict, tool_calls=dict[str, int], **options) -> float | Mapping[str, float]
+
+``response`` is the model's whole response, tool results included; ``row`` the whole dataset row,
+``{"prompt", "ground_truth", "task", "source", **extra}`` (``extra``: every column the dataset's
+loader does not read itself); ``tool_calls`` the number of calls of each tool on the trajectory. A
+number is the reward. A mapping holds ``"reward"`` (what RL trains on) and may hold ``"correct"``
+(S in [0, 1], for the accuracy metrics and DAPO's dynamic sampling; absent: the reward itself is
+S) and any other named component, each logged as ``reward/<name>``. With ``batched: true`` the call
+is once per prompt group (an LLM judge, a test runner that amortises its start)::
+
+    fn(responses=list[str], row=dict, tool_calls=list[dict[str, int]], **options) -> list of those
+
+A function may take ``*args, **kwargs``. An entry registered with ``takes_settings=True`` (the
+hierarchical reward, whose knobs are the rewards group's other fields) is also called with
+``settings`` (the run's ``RewardSettings``) and ``tool_tags`` (the tags of the run's tools).
+
+A reward that fails at run time (it raises, returns NaN or inf, something that is not a number, a
+mapping without ``"reward"``, or a batched list of another length) scores the trajectory with
+``fallback`` and S = 0; the failure travels with the score (``RewardValue.error``) for the
+EnvRunner to count, and the run goes on.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib
+import inspect
+import math
+import numbers
+import reprlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rllib_arpo.core.registry import Registry
+
+CALL_KEYWORDS = ("response", "row", "tool_calls")
+BATCHED_CALL_KEYWORDS = ("responses", "row", "tool_calls")
+SETTINGS_KEYWORDS = ("settings", "tool_tags")
+SPEC_KEYS = ("fn", "batched", "fallback")
+
+
+@dataclass(frozen=True)
+class RewardEntry:
+    """A registered reward: its function, and whether it is called with the run's settings too."""
+
+    fn: Callable[..., Any]
+    takes_settings: bool = False
+
+
+class RewardRegistry(Registry[RewardEntry]):
+    """``Registry`` whose ``register`` takes a plain reward function (returned unchanged)."""
+
+    def register(self, *names: str, takes_settings: bool = False) -> Callable[[Callable], Callable]:
+        def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+            Registry.register(self, *names)(RewardEntry(fn, takes_settings))
+            return fn
+
+        return decorator
+
+
+REWARDS = RewardRegistry("reward")
+
+
+@dataclass(frozen=True)
+class RewardValue:
+    """What the reward gave one trajectory.
+
+    Attributes:
+        reward: what RL trains on (``fallback`` where the reward failed).
+        correct: S, for the accuracy metrics and dynamic sampling (0 where the reward failed).
+        components: the other named values the reward returned.
+        error: why the reward failed, on one line; None where it did not.
+    """
+
+    reward: float
+    correct: float
+    components: Mapping[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class RewardFunction:
+    """The configured reward (``resolve_reward``): the function, how it is called and its fallback.
+
+    Attributes:
+        name: ``fn`` as the config gives it, for messages.
+        fn: the function.
+        batched: one call per prompt group instead of one per trajectory.
+        fallback: the reward of a trajectory whose reward failed.
+        options: the keyword arguments of every call, from the config.
+        takes_settings: also called with ``settings`` and ``tool_tags`` (``RewardEntry``).
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    batched: bool = False
+    fallback: float = 0.0
+    options: Mapping[str, Any] = field(default_factory=dict)
+    takes_settings: bool = False
+
+    @property
+    def call_keywords(self) -> tuple[str, ...]:
+        """The keyword arguments of a call besides the options."""
+        keywords = BATCHED_CALL_KEYWORDS if self.batched else CALL_KEYWORDS
+        return keywords + SETTINGS_KEYWORDS if self.takes_settings else keywords
+
+    def check_signature(self) -> None:
+        """A ValueError naming ``reward.fn`` unless the function can take the call (a function
+        whose signature Python cannot read is taken as it is)."""
+        keywords = [*self.call_keywords, *map(str, self.options)]
+        try:
+            signature = inspect.signature(self.fn)
+        except (TypeError, ValueError):
+            return
+        try:
+            signature.bind(**dict.fromkeys(keywords))
+        except TypeError as error:
+            raise ValueError(
+                f"reward.fn: {self.name!r} takes {_unannotated(signature)} and cannot be called with the keywords "
+                f"{', '.join(keywords)} ({error})"
+            ) from None
+
+    def score(
+        self,
+        responses: Sequence[str],
+        row: Mapping[str, Any],
+        tool_calls: Sequence[Mapping[str, int]],
+        settings: Any,
+        tool_tags: Sequence[str],
+    ) -> list[RewardValue]:
+        """The ``RewardValue`` of each response of one prompt group; never raises for the function.
+
+        Args:
+            responses: the group's responses; ``tool_calls[i]``: the tool calls of response i.
+            row: the prompt's dataset row (module docstring).
+            settings / tool_tags: the run's ``RewardSettings`` and tool tags, passed to an entry
+                that takes them.
+        """
+        context = {"settings": settings, "tool_tags": tuple(tool_tags)} if self.takes_settings else {}
+        call = functools.partial(self.fn, row=row, **context, **self.options)
+        if not self.batched:
+            return [
+                self._guarded(functools.partial(call, response=response, tool_calls=calls))
+                for response, calls in zip(responses, tool_calls)
+            ]
+        try:
+            returned = call(responses=list(responses), tool_calls=list(tool_calls))
+        except Exception as error:
+            return [self._failed(f"raised {_one_line(error)}")] * len(responses)
+        if isinstance(returned, (str, bytes)) or not isinstance(returned, Sequence) or len(returned) != len(responses):
+            return [self._failed(f"returned {reprlib.repr(returned)} for {len(responses)} responses")] * len(responses)
+        return [self._guarded(lambda value=value: value) for value in returned]
+
+    def _guarded(self, call: Callable[[], Any]) -> RewardValue:
+        """The ``RewardValue`` of what ``call`` returns, or the fallback and why."""
+        try:
+            returned = call()
+        except Exception as error:
+            return self._failed(f"raised {_one_line(error)}")
+        try:
+            return _reward_value(returned)
+        except ValueError as problem:
+            return self._failed(f"returned {reprlib.repr(returned)}: {problem}")
+
+    def _failed(self, why: str) -> RewardValue:
+        return RewardValue(self.fallback, 0.0, {}, f"reward {self.name!r} {why}")
+
+
+def _reward_value(returned: Any) -> RewardValue:
+    """A number, or a mapping of numbers holding ``"reward"``, as a ``RewardValue``; a ValueError
+    says what else it is."""
+    if not isinstance(returned, Mapping):
+        reward = _finite(returned)
+        return RewardValue(reward, reward)
+    if "reward" not in returned:
+        raise ValueError("no 'reward'")
+    values = {str(name): _finite(value, f"{name!r} ") for name, value in returned.items()}
+    reward = values.pop("reward")
+    return RewardValue(reward, values.pop("correct", reward), values)
+
+
+def _finite(value: Any, which: str = "") -> float:
+    if not isinstance(value, numbers.Real):
+        raise ValueError(f"{which}not a number")
+    if not math.isfinite(value):
+        raise ValueError(f"{which}not finite")
+    return float(value)
+
+
+def _unannotated(signature: inspect.Signature) -> inspect.Signature:
+    """``signature`` without its annotations: the names and defaults a call must fit."""
+    parameters = [parameter.replace(annotation=inspect.Parameter.empty) for parameter in signature.parameters.values()]
+    return signature.replace(parameters=parameters, return_annotation=inspect.Signature.empty)
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(f"{type(error).__name__}: {error}".split())
+
+
+def resolve_reward(spec: Any) -> RewardFunction:
+    """The ``RewardFunction`` the config's ``reward`` mapping names, its signature checked; a
+    ValueError names the key at fault on one line (module docstring)."""
+    if not isinstance(spec, Mapping) or "fn" not in spec:
+        raise ValueError(f"reward: expected a mapping with 'fn' (a reward name or module:attribute), got {spec!r}")
+    name, batched, fallback = spec["fn"], spec.get("batched", False), spec.get("fallback", 0.0)
+    if not isinstance(name, str):
+        raise ValueError(f"reward.fn: expected a reward name or module:attribute, got {name!r}")
+    if not isinstance(batched, bool):
+        raise ValueError(f"reward.batched: expected true or false, got {batched!r}")
+    if isinstance(fallback, bool) or not isinstance(fallback, numbers.Real) or not math.isfinite(fallback):
+        raise ValueError(f"reward.fallback: expected a finite number, got {fallback!r}")
+    options = {key: value for key, value in spec.items() if key not in SPEC_KEYS}
+    entry = _imported(name) if ":" in name else _registered(name)
+    reward = RewardFunction(name, entry.fn, batched, float(fallback), options, entry.takes_settings)
+    for key in options:
+        if key in reward.call_keywords:
+            raise ValueError(f"reward.{key}: {key!r} is an argument of the call, not an option")
+    reward.check_signature()
+    return reward
+
+
+def _registered(name: str) -> RewardEntry:
+    try:
+        return REWARDS.get(name)
+    except ValueError as error:
+        raise ValueError(f"reward.fn: {error}") from None
+
+
+def _imported(path: str) -> RewardEntry:
+    """The function at ``module:attribute``; a ValueError says why it does not import."""
+    module_name, _, attribute = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # ImportError, or whatever the module raises while it loads
+        reason = " ".join(str(error).split()) if isinstance(error, ImportError) else _one_line(error)
+        raise ValueError(f"reward.fn: cannot import {path!r} ({reason})") from None
+    if not hasattr(module, attribute):
+        close = difflib.get_close_matches(attribute, dir(module), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        reason = f"module {module_name!r} has no attribute {attribute!r}{hint}"
+        raise ValueError(f"reward.fn: cannot import {path!r} ({reason})")
+    fn = getattr(module, attribute)
+    if not callable(fn):
+        raise ValueError(f"reward.fn: {path!r} is {reprlib.repr(fn)}, not a function")
+    return RewardEntry(fn)
