@@ -2,11 +2,13 @@
 
 Ray 2.60 no longer ships an ``rllib`` command; this one keeps the classic form:
 
-- ``rllib train file X.yaml [--stop JSON] [--config JSON] [--storage-path P] [--resume] [--dry-run]``:
-  read a tuned-example file (``experiment_file``: paths resolved, every value checked before Ray
-  starts), then run it with Ray Tune (TensorBoard, CSV and JSON logs under the storage path), with
-  ``--resume`` continue it from its trials' latest checkpoints, or with ``--dry-run`` print what
-  it would do (``dry_run``) and exit;
+- ``rllib train file X.yaml [--import ENTRY ...] [--stop JSON] [--config JSON] [--storage-path P]
+  [--resume] [--dry-run]``: import the user's modules (``--import`` and the file's ``imports:``,
+  ``user_imports``), read a tuned-example file (``experiment_file``: paths resolved, every value
+  checked before Ray starts), then start Ray with every worker importing the same modules and run
+  it with Ray Tune (TensorBoard, CSV and JSON logs under the storage path), with ``--resume``
+  continue it from its trials' latest checkpoints, or with ``--dry-run`` print what it would do
+  (``dry_run``) and exit;
 - ``rllib evaluate POLICY --data ...``: benchmarks with n samples per question, pass@k, a table
   and transcripts (``eval.benchmark``);
 - ``rllib cold-start MODEL OUTPUT``: the supervised cold start of a real chat model on tool-use
@@ -31,6 +33,7 @@ from typing import Any
 from rllib_arpo.data.tir_task import TASK_VARIANTS
 from rllib_arpo.experiment_file import ConfigError, grid_size, is_search_space, load_experiments
 from rllib_arpo.gpu_check import PIECES as GPU_CHECK_PIECES
+from rllib_arpo.user_imports import UserImports, import_user_modules
 
 DEFAULT_STORAGE = "~/ray_results"
 SCHEDULERS = ("asha",)
@@ -70,11 +73,12 @@ def _scheduler(spec: dict | None, name: str):
         raise ConfigError(f"experiment {name!r}: bad scheduler option: {error}") from None
 
 
-def dry_run(path: str, stop: dict | None = None, config: dict | None = None) -> int:
+def dry_run(path: str, stop: dict | None = None, config: dict | None = None, imports: list[str] | None = None) -> int:
     """Check the file and print every experiment's dry-run report (``dry_run``); start nothing."""
     from rllib_arpo.dry_run import PlannedExperiment, dry_run_report
     from rllib_arpo.experiment_file import check_config, trial_configs
 
+    command_line_imports(imports)
     for name, experiment in load_experiments(path, stop, config).items():
         _scheduler(experiment.get("scheduler"), name)
         first_trial = check_config(trial_configs(experiment["config"])[0], experiment["run"])
@@ -89,13 +93,19 @@ def train_file(
     storage_path: str | None = None,
     config: dict | None = None,
     resume: bool = False,
+    imports: list[str] | None = None,
 ) -> int:
     """Run every experiment of the file with Ray Tune; with ``resume``, continue each one from
-    its trials' latest checkpoints instead (after a crash, Ctrl-C or a preemption). Starts Ray
-    (and shuts it down at the end) unless it is already running."""
+    its trials' latest checkpoints instead (after a crash, Ctrl-C or a preemption). ``imports``
+    (``--import``: module names and ``.py`` paths relative to the working directory) and the
+    file's ``imports:`` are imported here and in every Ray worker. Starts Ray (and shuts it down
+    at the end) unless it is already running; a running Ray takes no imports (its workers are
+    started without them)."""
+    user_modules = command_line_imports(imports)
     experiments = load_experiments(path, stop, config)  # before Ray: every problem is named here
     for name, experiment in experiments.items():
         _scheduler(experiment.get("scheduler"), name)
+        user_modules += experiment["imports"]
     import ray
     from ray import tune
 
@@ -104,6 +114,15 @@ def train_file(
     from rllib_arpo.tune_logs import trial_loggers
 
     owns_ray = not ray.is_initialized()
+    if owns_ray:
+        ray.init(runtime_env=user_modules.runtime_env())
+    elif user_modules.modules:
+        entries = [module.entry for module in user_modules.modules]
+        raise ConfigError(
+            f"imports: Ray is already running in this process and its workers would not import {entries}: "
+            "call ray.shutdown() first, so that train_file starts Ray with them (or start Ray with "
+            "ray.init(runtime_env=UserImports.runtime_env()) of rllib_arpo.user_imports)"
+        )
     failed = 0
     for name, experiment in experiments.items():
         default_config = TRAINABLES[experiment["run"]].get_default_config()
@@ -145,6 +164,14 @@ def train_file(
     if owns_ray and ray.is_initialized():
         ray.shutdown()
     return 1 if failed else 0
+
+
+def command_line_imports(entries: list[str] | None) -> UserImports:
+    """``--import`` entries (relative to the working directory), imported here."""
+    try:
+        return import_user_modules(entries or [], Path.cwd(), "--import")
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _restored_tuner(experiment_path: Path, run: str, param_space: dict):
@@ -290,6 +317,13 @@ def build_parser() -> argparse.ArgumentParser:
     train_sources = train.add_subparsers(dest="source", required=True)
     from_file = train_sources.add_parser("file", help="train from a tuned-example YAML file")
     from_file.add_argument("config_file")
+    from_file.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        metavar="ENTRY",
+        help="a module name or .py file registering your tools, dataset types or rewards (repeatable)",
+    )
     from_file.add_argument("--stop", type=json_object, help="JSON stop criteria, e.g. '{\"training_iteration\": 2}'")
     from_file.add_argument("--config", type=json_object, help="JSON config overrides, e.g. '{\"lr\": 1e-4}'")
     from_file.add_argument("--storage-path", help="where Tune writes results (default ~/ray_results)")
@@ -374,8 +408,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "check-gpu":
             return check_gpu(args)
         if args.dry_run:
-            return dry_run(args.config_file, args.stop, args.config)
-        return train_file(args.config_file, args.stop, args.storage_path, args.config, resume=args.resume)
+            return dry_run(args.config_file, args.stop, args.config, args.imports)
+        return train_file(
+            args.config_file, args.stop, args.storage_path, args.config, resume=args.resume, imports=args.imports
+        )
     except ConfigError as error:
         where = f"{args.config_file}: " if args.command == "train" else ""
         print(f"rllib: error: {where}{error}", file=sys.stderr)

@@ -3,6 +3,7 @@
 The file has the classic tuned-example schema::
 
     experiment_name:
+      imports: [myext.py]
       run: ARPO
       stop: {training_iteration: 20}
       config: {model_path: tiny, tau: {grid_search: [0.3, 0.5]}, ...}
@@ -10,7 +11,11 @@ The file has the classic tuned-example schema::
 
 ``load_experiments`` reads it and:
 
-1. resolves relative paths (the values of keys named ``path`` or ending in ``_path`` or
+1. imports the user's modules its ``imports:`` names, beside ``run:`` or in ``config:``
+   (``user_imports``: module names, and ``.py`` paths relative to the file), so that the tools,
+   dataset types and rewards they register are known to the checks below; the experiment's
+   ``imports`` is then a ``UserImports``, which ``cli.train_file`` has every Ray worker import.
+2. resolves relative paths (the values of keys named ``path`` or ending in ``_path`` or
    ``_dir``, at any depth of ``config``, ``grid_search`` and ``choice`` values included):
    against the file's own directory first, then the launch directory; the first place where the
    path exists wins. A missing input is an error; a missing ``*_dir`` (a cache to create) is
@@ -18,14 +23,14 @@ The file has the classic tuned-example schema::
    Named models (``model_path: tiny``) and Hugging Face hub ids found nowhere as a path
    (``model_path: Qwen/Qwen2.5-7B-Instruct``) are left as they are. Tune runs trials in another working
    directory, so every path a trial sees is absolute.
-2. checks every value of every trial the file describes (each search space's values once,
+3. checks every value of every trial the file describes (each search space's values once,
    ``trial_configs``), with ``check_config``: the config's own ``validate``, the one a config
    built in Python goes through (``config_rules.validate_config``: types, ranges and the rules
    between ARPO's fields, the RLlib fields ARPO uses, the model directory, ``engine_options``
    against the chosen engine's constructor; then RLlib's own), its message made to start with
    the key it names; then what only a run reads when it starts: the datasets (loaded once), the
    tools and their options.
-3. checks ``checkpoint_config`` against ``tune.CheckpointConfig``, and that every ``stop`` key
+4. checks ``checkpoint_config`` against ``tune.CheckpointConfig``, and that every ``stop`` key
    is a number some result holds (``check_stop``): Tune never stops a trial on a key its
    results lack.
 
@@ -50,8 +55,11 @@ import yaml
 
 from rllib_arpo.core.settings import check_type
 from rllib_arpo.eval.report import BEFORE_TRAINING, EVALUATION
+from rllib_arpo.user_imports import UserImports, import_user_modules
 
-EXPERIMENT_KEYS = {"run", "stop", "config", "checkpoint_config", "storage_path", "num_samples", "scheduler"}
+EXPERIMENT_KEYS = {
+    "run", "stop", "config", "checkpoint_config", "storage_path", "num_samples", "scheduler", "imports",
+}  # fmt: skip
 SEARCH_SPACES = ("grid_search", "choice", "uniform", "loguniform", "randint")
 """``{name: values}`` on a config field makes a Tune search space: ``grid_search: [a, b]`` (every
 value), ``choice: [a, b]``, ``uniform: [low, high]``, ``loguniform: [low, high]``,
@@ -98,8 +106,9 @@ class ConfigError(ValueError):
 def load_experiments(
     path: str, stop_override: dict | None = None, config_override: dict | None = None
 ) -> dict[str, dict]:
-    """Read an experiment file, apply the ``--stop`` / ``--config`` overrides, resolve its paths
-    and check every trial's config (module docstring); return ``{name: experiment}``."""
+    """Read an experiment file, import its ``imports``, apply the ``--stop`` / ``--config``
+    overrides, resolve its paths and check every trial's config (module docstring); return
+    ``{name: experiment}``."""
     from rllib_arpo.algorithm import TRAINABLES, ARPOConfig
     from rllib_arpo.config_fields import unknown_field_hint
 
@@ -129,6 +138,8 @@ def load_experiments(
         if not isinstance(config, dict):
             raise ConfigError(f"experiment {name!r}: config must be a mapping")
         try:
+            experiment["imports"] = _imports(experiment, config, file.resolve().parent)
+            config = {key: value for key, value in config.items() if key != "imports"}
             overrides = config_override or {}
             config = {
                 **resolve_paths({k: v for k, v in config.items() if k not in overrides}, file_bases),
@@ -150,6 +161,19 @@ def load_experiments(
         except ConfigError as error:
             raise ConfigError(f"experiment {name!r}: {error}") from None
     return experiments
+
+
+def _imports(experiment: Mapping[str, Any], config: Mapping[str, Any], file_directory: Path) -> UserImports:
+    """The experiment's ``imports:`` (beside ``run:``, then in ``config:``, which is no
+    ``ARPOConfig`` field), imported here before the config is checked."""
+    imports = UserImports()
+    for where in (experiment, config):
+        if "imports" in where:
+            try:
+                imports += import_user_modules(where["imports"], file_directory)
+            except ValueError as error:
+                raise ConfigError(str(error)) from None
+    return imports
 
 
 def check_stop(stop: Any) -> None:
