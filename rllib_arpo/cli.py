@@ -192,15 +192,16 @@ def _restored_tuner(experiment_path: Path, run: str, param_space: dict):
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    """``rllib evaluate``: the run's config (``--experiment`` file, ``--config``), the policy,
-    then ``eval.benchmark.evaluate_benchmarks``."""
-    from rllib_arpo.eval.benchmark import benchmark_spec, evaluate_benchmarks, policy_directory
+    """``rllib evaluate``: the run's config (``--experiment`` file, ``--config``) and the
+    benchmarks, all checked before any model is built or loaded (``check_config``, then
+    ``eval.benchmark.check_benchmarks``), then ``eval.benchmark.evaluate_benchmarks``."""
+    from rllib_arpo.eval import benchmark
     from rllib_arpo.experiment_file import check_config, resolve_paths, trial_configs
 
     output = Path(args.output)
     try:
-        specs = [benchmark_spec(text) for text in args.data]
-        model_path = policy_directory(args.policy)
+        specs = [benchmark.benchmark_spec(text) for text in args.data]
+        model_path = benchmark.policy_model_path(args.policy)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     overrides = {**(args.config or {}), "model_path": model_path}
@@ -212,7 +213,11 @@ def evaluate(args: argparse.Namespace) -> int:
             raise ConfigError(f"{args.experiment}: no experiment {name!r}; it has {sorted(experiments)}")
         values, run = trial_configs(experiments[name]["config"])[0], experiments[name]["run"]
     config = check_config(values, run)
-    table = evaluate_benchmarks(
+    try:
+        benchmark.check_benchmarks(config, specs)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    table = benchmark.evaluate_benchmarks(
         config,
         specs,
         samples=args.samples,
@@ -344,7 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--data",
         nargs="+",
         default=["tir_task:test"],
-        help="benchmarks: .jsonl / .parquet files, tir_task[:split] or a tir_task JSON spec",
+        help="benchmarks: .jsonl / .parquet files, NAME[:split] of a dataset type with a held-out split, "
+        "or a JSON dataset spec",
     )
     evaluation.add_argument("--experiment", help="take engine, tools, rollout and reward settings from this file")
     evaluation.add_argument("--experiment-name", help="which experiment of the file (default: the first)")

@@ -13,9 +13,10 @@ with ``dry_run_section("title")``:
   the learner layout and rows of the longest sequence: the prompt budget (``max_prompt_tokens``,
   else the longest of the first ``PROMPTS_MEASURED`` training prompts) plus
   ``max_response_tokens``;
-- ``response budget``: on the embedded task, how many tokens each question kind's reference
-  solution takes (``cold_start.sft.reference_response_tokens``) against ``max_response_tokens``,
-  with a warning where the budget cuts some: the policy is then punished for the reference path;
+- ``response budget``: where the dataset type declares reference solutions
+  (``DatasetLoader.reference_solutions``), how many tokens each kind's reference response takes
+  (``reference_response_tokens``) against ``max_response_tokens``, with a warning where the
+  budget cuts some: the policy is then punished for the reference path;
 - ``prompts``: the first training prompts (and the first held-out one) exactly as the model
   reads them, special tokens included, decoded from the token ids it is given; control
   characters other than newlines and tabs are shown as ``\\xNN`` (the reference prompt's
@@ -178,24 +179,16 @@ def _longest_prompt(config: Any, tokenizer, count: int) -> int:
 def response_budget_section(planned: PlannedExperiment) -> str:
     import numpy as np
 
-    from rllib_arpo.cold_start.sft import reference_response_tokens
-    from rllib_arpo.data.loaders.tir_task import tir_task_of_spec
+    from rllib_arpo.data.registry import DATASET_LOADERS
 
     config = planned.config
     spec = dict(config.dataset)
-    if spec.get("type") != "tir_task":
-        return "reference solutions are known for the embedded task only (dataset type tir_task)"
+    if DATASET_LOADERS.get(spec.get("type")).reference_solutions is None:
+        return f"dataset type {spec.get('type')!r} declares no reference solutions (DatasetLoader.reference_solutions)"
     tokenizer = model_tokenizer(config)
     if tokenizer is None:
         return f"skipped: {NO_TOKENIZER}"
-    lengths = reference_response_tokens(
-        tokenizer,
-        tir_task_of_spec(spec),
-        spec.get("split", "train"),
-        limit=PROMPTS_MEASURED,
-        top_k=(config.tools.get("search") or {}).get("top_k", 2),
-        max_tool_result_tokens=config.max_tool_result_tokens,
-    )
+    lengths = reference_response_tokens(config, tokenizer, spec)
     budget = config.max_response_tokens
     lines = [
         f"reference solutions of the first {PROMPTS_MEASURED} {spec.get('split', 'train')} questions, in tokens "
@@ -217,6 +210,31 @@ def response_budget_section(planned: PlannedExperiment) -> str:
     else:
         lines.append(f"every reference solution fits in max_response_tokens {budget}")
     return "\n".join(lines)
+
+
+def reference_response_tokens(config: Any, tokenizer, spec: dict) -> dict[str, list[int]]:
+    """By kind, the length in tokens of the reference response to each of the first
+    ``PROMPTS_MEASURED`` questions of ``spec`` (its type's ``reference_solutions``; tool results cut
+    to ``max_tool_result_tokens``, EOS included): what ``max_response_tokens`` must hold for the
+    policy to answer the reference way. Its tools answer in process: Python computes integer
+    arithmetic, search (where the dataset brings a corpus) is BM25 over it with the run's ``top_k``,
+    as in training."""
+    from rllib_arpo.cold_start.sft import encode_transcript, evaluate_arithmetic
+    from rllib_arpo.data.prompts import encode_prompt
+    from rllib_arpo.data.registry import DATASET_LOADERS, dataset_documents
+    from rllib_arpo.tools.search import SearchTool
+
+    tools = {"python": evaluate_arithmetic}
+    documents = dataset_documents(spec)
+    if documents is not None:
+        top_k = (config.tools.get("search") or {}).get("top_k", 2)
+        tools["search"] = SearchTool(backend="bm25", documents=documents, top_k=top_k)
+    lengths: dict[str, list[int]] = {}
+    for solution in DATASET_LOADERS.get(spec["type"]).reference_solutions(spec, PROMPTS_MEASURED, tools):
+        prompt_ids = encode_prompt(tokenizer, solution.example)
+        sequence = encode_transcript(tokenizer, prompt_ids, solution.response, config.max_tool_result_tokens)
+        lengths.setdefault(solution.kind, []).append(len(sequence.input_ids) - len(prompt_ids))
+    return lengths
 
 
 @dry_run_section("prompts")

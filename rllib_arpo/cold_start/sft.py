@@ -188,34 +188,6 @@ def fresh_demonstrations(
     return pairs
 
 
-def reference_response_tokens(
-    tokenizer: PreTrainedTokenizerBase,
-    task: TIRTask,
-    split: str = "train",
-    *,
-    limit: int | None = None,
-    top_k: int = 2,
-    max_tool_result_tokens: int = MAX_TOOL_RESULT_TOKENS,
-) -> dict[str, list[int]]:
-    """By question kind, the length in tokens of each question's reference solution (the
-    ``perfect`` demonstration, tool results cut to ``max_tool_result_tokens``, EOS included):
-    what a rollout's ``max_response_tokens`` must hold for the policy to answer it the reference
-    way. The first ``limit`` questions of ``split``; search is BM25 over the task's corpus with
-    ``top_k`` pages, as in training; questions the tools cannot answer are left out."""
-    search = SearchTool(backend="bm25", documents=task.corpus(), top_k=top_k)
-    rng = np.random.default_rng(0)  # a perfect demonstration draws nothing
-    lengths: dict[str, list[int]] = {}
-    for example in task.split(split)[:limit]:
-        try:
-            transcript = demonstration(example, rng, "perfect", search=search, python=evaluate_arithmetic)
-        except ValueError:
-            continue
-        prompt_ids = encode_prompt(tokenizer, tir_task_example(example))
-        sequence = encode_transcript(tokenizer, prompt_ids, transcript, max_tool_result_tokens)
-        lengths.setdefault(example.kind, []).append(len(sequence.input_ids) - len(prompt_ids))
-    return lengths
-
-
 def sft_dataset(
     tokenizer: PreTrainedTokenizerBase,
     rng: np.random.Generator,

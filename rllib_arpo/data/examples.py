@@ -15,7 +15,8 @@ class PromptExample:
         prompt: the text, or the chat messages.
         ground_truth: the gold answer, or a tuple of accepted answers.
         task: ``"qa"`` or ``"math"``: picks the correctness score of the hierarchical reward.
-        source: where the example comes from (the benchmark, or ``tir_task/<kind>``).
+        source: where the example comes from (the benchmark, or the embedded task's question
+            kind), as the per-source metrics name it (``accuracy/<source>``).
         plain_prompt: the text a tokenizer without a chat template reads instead of the messages.
         extra: every column of the dataset's row that its loader does not read itself (a code
             task's test cases, a row id), for the reward (``row``).

@@ -15,6 +15,23 @@ from typing import Any
 from rllib_arpo.core.registry import Registry
 from rllib_arpo.data.examples import PromptExample
 
+ToolFunction = Callable[[str], str]
+"""A tool as a reference solution calls it: its query -> its result text."""
+
+
+@dataclass(frozen=True)
+class ReferenceResponse:
+    """A question answered the reference way: its ``kind`` (the group the dry run reports it in),
+    its prompt, and the response that answers it (tool calls and their results included)."""
+
+    kind: str
+    example: PromptExample
+    response: str
+
+
+ReferenceSolutions = Callable[[Mapping[str, Any], int | None, Mapping[str, ToolFunction]], list[ReferenceResponse]]
+"""``reference_solutions(spec, limit, tools)`` of a ``DatasetLoader``."""
+
 
 @dataclass(frozen=True)
 class DatasetLoader:
@@ -27,19 +44,28 @@ class DatasetLoader:
             the same spec with this ``split``); None: ``held_out_dataset`` must name one.
         documents: ``documents(spec) -> list[str]``: the retrieval corpus the dataset brings with
             it (searched instead of the search tool's own); None: it brings none.
+        reference_solutions: ``reference_solutions(spec, limit, tools) -> list[ReferenceResponse]``:
+            how its first ``limit`` questions are solved, ``tools`` being the tool functions a
+            solution calls (``{"search": ..., "python": ...}``, each ``query -> result``), so the
+            dry run can measure them against ``max_response_tokens``; None: no solutions are known.
+
+    A loader's examples carry their ``PromptExample.source`` in the form the per-source metrics
+    name it (``accuracy/<source>``): the metrics take it as it is.
     """
 
     load: Callable[..., list[PromptExample]]
     held_out_split: str | None = None
     documents: Callable[[Mapping[str, Any]], list[str]] | None = None
+    reference_solutions: ReferenceSolutions | None = None
 
 
 class DatasetLoaderRegistry(Registry[DatasetLoader]):
-    """``Registry`` whose ``register`` decorates a plain loader function."""
+    """``Registry`` whose ``register`` decorates a plain loader function; every declaration
+    beside ``load`` is a keyword with a default (``DatasetLoader``)."""
 
-    def register(self, *names: str, held_out_split: str | None = None, documents=None):
+    def register(self, *names: str, held_out_split: str | None = None, documents=None, reference_solutions=None):
         def decorator(load: Callable[..., list[PromptExample]]) -> Callable[..., list[PromptExample]]:
-            Registry.register(self, *names)(DatasetLoader(load, held_out_split, documents))
+            Registry.register(self, *names)(DatasetLoader(load, held_out_split, documents, reference_solutions))
             return load
 
         return decorator

@@ -6,9 +6,9 @@
 ``POLICY`` is a named model (``tiny``, ``smollm2-135m``), a ``save_pretrained`` directory, or a
 training checkpoint (an ``rllib train`` checkpoint directory: the policy it holds as a
 transformers directory, ``checkpoint_*/policy``). Each benchmark is a ``.jsonl`` file (``question`` / ``answer``
-lines, the task from ``data.loaders.jsonl.BENCHMARK_TASKS``), a verl ``.parquet`` file, or
-``tir_task[:split]`` (the embedded task, default split ``test``), or the embedded task as a JSON
-spec with its options, as a config's ``held_out_dataset`` gives it
+lines, the task from ``data.loaders.jsonl.BENCHMARK_TASKS``), a verl ``.parquet`` file,
+``NAME[:split]`` of a dataset type that declares a held-out split (``tir_task``: default split
+``test``), or any dataset spec as JSON, as a config's ``held_out_dataset`` gives it
 (``'{"type": "tir_task", "split": "test", "num_test": 256}'``: the questions a run held out).
 
 Engine, tools, rollout lengths and reward come from the run's config (``--experiment`` file, then
@@ -31,47 +31,63 @@ from pathlib import Path
 
 from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.core.settings import from_config
+from rllib_arpo.data.registry import DATASET_LOADERS
 from rllib_arpo.eval.evaluate import QuestionResult, rollout_questions, summarize
 from rllib_arpo.rollout.settings import RolloutSettings
 
-TIR_TASK = "tir_task"
-
 
 def benchmark_spec(text: str) -> dict:
-    """A benchmark argument as a dataset spec: ``x.jsonl``, ``x.parquet``, ``tir_task[:split]`` or
-    a JSON object ``{"type": "tir_task", ...}`` with the task's options."""
-    if text == TIR_TASK or text.startswith(f"{TIR_TASK}:"):
-        return {"type": TIR_TASK, "seed": 0, "split": text.partition(":")[2] or "test"}
+    """A benchmark argument as a dataset spec: ``x.jsonl``, ``x.parquet``, ``NAME[:split]`` of a
+    dataset type that declares a held-out split (``DatasetLoader.held_out_split``, the default
+    split), or a JSON dataset spec ``{"type": ..., ...}`` of any registered type (a type with a
+    held-out split gets it unless the spec names one)."""
     if text.lstrip().startswith("{"):
         try:
             spec = json.loads(text)
         except json.JSONDecodeError as error:
             raise ValueError(f"benchmark {text!r}: not valid JSON ({error.msg})") from None
-        if not isinstance(spec, dict) or spec.get("type") != TIR_TASK:
-            raise ValueError(f'benchmark {text!r}: a JSON benchmark is the embedded task, {{"type": "tir_task", ...}}')
-        return {"seed": 0, "split": "test", **spec}
+        if not isinstance(spec, dict) or "type" not in spec:
+            raise ValueError(f'benchmark {text!r}: a JSON benchmark is a dataset spec, {{"type": ..., ...}}')
+        try:
+            split = DATASET_LOADERS.get(spec["type"]).held_out_split
+        except ValueError as error:
+            raise ValueError(f"benchmark {text!r}: {error}") from None
+        return spec if split is None else {"split": split, **spec}
     path = Path(text).expanduser()
-    if path.suffix not in (".jsonl", ".parquet"):
-        raise ValueError(f"benchmark {text!r}: expected a .jsonl or .parquet file, or tir_task[:split]")
-    if not path.is_file():
-        raise ValueError(f"benchmark {text!r}: no such file")
-    return {"type": path.suffix[1:], "path": str(path.resolve())}
+    if path.suffix in (".jsonl", ".parquet"):
+        if not path.is_file():
+            raise ValueError(f"benchmark {text!r}: no such file")
+        return {"type": path.suffix[1:], "path": str(path.resolve())}
+    name, _, split = text.partition(":")
+    if name not in DATASET_LOADERS or DATASET_LOADERS.get(name).held_out_split is None:
+        held_out = sorted(n for n in DATASET_LOADERS if DATASET_LOADERS.get(n).held_out_split is not None)
+        raise ValueError(
+            f"benchmark {text!r}: expected a .jsonl or .parquet file, a JSON dataset spec, or NAME[:split] "
+            f"of a dataset type with a held-out split ({', '.join(held_out)})"
+        )
+    return {"type": name, "split": split or DATASET_LOADERS.get(name).held_out_split}
 
 
 def benchmark_name(spec: dict) -> str:
-    if spec["type"] == TIR_TASK:
-        return f"{TIR_TASK}-{spec['split']}"
-    return Path(spec["path"]).stem
+    """A benchmark's name in the table and its transcripts' file: a file's stem, else
+    ``TYPE[-TASK]-SPLIT`` (a type that takes a ``task``, e.g. ``reasoning_gym``, names it; no
+    ``-SPLIT`` without a split)."""
+    if "path" in spec:
+        return Path(spec["path"]).stem
+    parts = [spec["type"], spec.get("task"), spec.get("split")]
+    return "-".join(str(part) for part in parts if part is not None)
 
 
-def policy_directory(policy: str) -> str:
-    """A ``save_pretrained`` directory for ``policy`` (module docstring): named models and
-    directories as they are, a training checkpoint's exported policy (``checkpoint_*/policy``)."""
+def policy_model_path(policy: str) -> str:
+    """The ``model_path`` of ``policy`` (module docstring), found without building or loading
+    anything: a named model as its name (``evaluate_benchmarks`` builds it where it must, after
+    every check), a directory as it is, a training checkpoint's exported policy
+    (``checkpoint_*/policy``)."""
     from rllib_arpo.learner.checkpoint import POLICY_DIRECTORY
-    from rllib_arpo.models.catalogue import NAMED_MODELS, resolve_model_path
+    from rllib_arpo.models.catalogue import NAMED_MODELS
 
     if policy in NAMED_MODELS:
-        return resolve_model_path(policy)
+        return policy
     path = Path(policy).expanduser()
     for candidate in (path, path / POLICY_DIRECTORY):
         if (candidate / "config.json").is_file():
@@ -80,6 +96,22 @@ def policy_directory(policy: str) -> str:
         f"policy {policy!r}: neither a named model ({', '.join(NAMED_MODELS)}), a save_pretrained directory "
         f"nor an rllib train checkpoint (a directory with {POLICY_DIRECTORY}/config.json)"
     )
+
+
+def check_benchmarks(config, specs: Sequence[dict]) -> None:
+    """Every benchmark of ``specs`` loads and ``config``'s tools serve its questions
+    (``tools_for_dataset``: a search tool needs a corpus): what would otherwise fail only after
+    the model is built. A ValueError naming the benchmark."""
+    import rllib_arpo.tools  # noqa: F401  (registers the tools)
+    from rllib_arpo.data.dataset_tools import tools_for_dataset
+    from rllib_arpo.data.registry import load_dataset
+
+    for spec in specs:
+        try:
+            load_dataset(spec)
+            tools_for_dataset(config.tools, spec)
+        except (ValueError, TypeError, OSError) as error:
+            raise ValueError(f"--data {benchmark_name(spec)}: {' '.join(str(error).split())}") from None
 
 
 def evaluate_benchmarks(
@@ -96,10 +128,11 @@ def evaluate_benchmarks(
     progress: bool = True,
 ):
     """Evaluate ``config.model_path`` with ``config``'s engine, tools, rollout and reward settings
-    on every benchmark of ``specs``; write the table and transcripts into ``output_dir`` and
-    return the table (a pandas DataFrame)."""
+    on every benchmark of ``specs`` (checked by ``check_benchmarks``); write the table and
+    transcripts into ``output_dir`` and return the table (a pandas DataFrame)."""
     import rllib_arpo.tools  # noqa: F401  (registers the tools)
     from rllib_arpo.data.registry import load_dataset
+    from rllib_arpo.models.catalogue import resolve_model_path
     from rllib_arpo.rollout.env_runner import build_engine
 
     ks = sorted({k for k in ks if k > 1})
@@ -108,6 +141,7 @@ def evaluate_benchmarks(
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "transcripts").mkdir(exist_ok=True)
     start = time.perf_counter()
+    config.model_path = resolve_model_path(config.model_path)  # a named model's directory, built if missing
     engine = build_engine(config)
     engine_minutes = (time.perf_counter() - start) / 60
     rollout_settings = from_config(RolloutSettings, config)

@@ -90,12 +90,10 @@ def training_rewards(
 
 
 def prompts_by_source(sources: Sequence[str]) -> dict[str, list[int]]:
-    """Source name (the ``tir_task/`` prefix dropped: ``tir_task/search`` -> ``search``) -> the
-    indices of its prompts, sources sorted; ``sources[i]`` is prompt i's ``PromptExample.source``."""
-    return {
-        source.removeprefix("tir_task/"): [i for i, name in enumerate(sources) if name == source]
-        for source in sorted(set(sources))
-    }
+    """Source -> the indices of its prompts, sources sorted; ``sources[i]`` is prompt i's
+    ``PromptExample.source``, which its dataset loader gives in the form metrics name it
+    (``data.registry.DatasetLoader``)."""
+    return {source: [i for i, name in enumerate(sources) if name == source] for source in sorted(set(sources))}
 
 
 def accuracy_by_source(sources: Sequence[str], scores: Sequence[Sequence[RewardBreakdown]]) -> dict[str, float]:

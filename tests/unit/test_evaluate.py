@@ -10,7 +10,7 @@ import pytest
 from rllib_arpo.core.rewards import RewardSettings, pass_at_k
 from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.data.registry import load_dataset
-from rllib_arpo.eval.benchmark import benchmark_name, benchmark_spec, policy_directory
+from rllib_arpo.eval.benchmark import benchmark_name, benchmark_spec, policy_model_path
 from rllib_arpo.eval.evaluate import rollout_questions, summarize
 from rllib_arpo.rollout.engine import Generation
 from rllib_arpo.rollout.settings import RolloutSettings
@@ -124,36 +124,84 @@ def test_several_samples_per_question_give_pass_at_k_and_transcripts():
 
 
 def test_benchmark_arguments(tmp_path):
-    assert benchmark_spec("tir_task") == {"type": "tir_task", "seed": 0, "split": "test"}
+    assert benchmark_spec("tir_task") == {"type": "tir_task", "split": "test"}
     assert benchmark_name(benchmark_spec("tir_task:valid")) == "tir_task-valid"
     path = tmp_path / "gsm8k.jsonl"
     path.write_text('{"question": "q", "answer": "#### 4"}\n')
     assert benchmark_spec(str(path)) == {"type": "jsonl", "path": str(path)}
-    with pytest.raises(ValueError, match="expected a .jsonl or .parquet file"):
+    with pytest.raises(ValueError, match=r"expected a .jsonl or .parquet file, .* held-out split \(.*tir_task.*\)$"):
         benchmark_spec("gsm8k.csv")
+    with pytest.raises(ValueError, match="held-out split"):
+        benchmark_spec("jsonl:test")  # a type without a held-out split
     with pytest.raises(ValueError, match="no such file"):
         benchmark_spec(str(tmp_path / "none.jsonl"))
     held_out = benchmark_spec('{"type": "tir_task", "num_test": 256}')
-    assert held_out == {"type": "tir_task", "seed": 0, "split": "test", "num_test": 256}
+    assert held_out == {"type": "tir_task", "split": "test", "num_test": 256}
     assert benchmark_name(held_out) == "tir_task-test"
     assert len(load_dataset(held_out)) == 256
     with pytest.raises(ValueError, match="not valid JSON"):
         benchmark_spec('{"type": tir_task}')
-    with pytest.raises(ValueError, match="a JSON benchmark is the embedded task"):
-        benchmark_spec('{"type": "jsonl", "path": "x.jsonl"}')
+    assert benchmark_spec(f'{{"type": "jsonl", "path": "{path}"}}') == {"type": "jsonl", "path": str(path)}
+    with pytest.raises(ValueError, match=r"""benchmark '\{"type": "jsonll"\}': unknown dataset type 'jsonll'"""):
+        benchmark_spec('{"type": "jsonll"}')
+    with pytest.raises(ValueError, match="a JSON benchmark is a dataset spec"):
+        benchmark_spec('{"path": "x.jsonl"}')
 
 
-def test_the_policy_is_a_model_directory_or_the_one_a_checkpoint_holds(tmp_path):
+def test_any_dataset_type_with_a_held_out_split_is_a_benchmark_by_name(monkeypatch):
+    from rllib_arpo.data.registry import DATASET_LOADERS
+
+    monkeypatch.setattr(DATASET_LOADERS, "_entries", dict(DATASET_LOADERS._entries))
+
+    @DATASET_LOADERS.register("toy", held_out_split="dev")
+    def toy(split: str = "train"):
+        return [PromptExample(f"{split} question", "1", "math", "toy")]
+
+    assert benchmark_spec("toy") == {"type": "toy", "split": "dev"}
+    assert benchmark_spec("toy:train") == {"type": "toy", "split": "train"}
+    assert benchmark_spec('{"type": "toy"}') == {"type": "toy", "split": "dev"}
+    assert benchmark_name(benchmark_spec("toy")) == "toy-dev"
+    assert benchmark_name({"type": "toy", "task": "sums", "split": "dev"}) == "toy-sums-dev"  # two tasks, two names
+
+
+def test_the_policy_is_a_named_model_a_model_directory_or_the_one_a_checkpoint_holds(tmp_path):
     model = tmp_path / "model"
     (model / "policy").mkdir(parents=True)
     checkpoint = tmp_path / "checkpoint_000005"
     (checkpoint / "policy").mkdir(parents=True)
     for directory in (model, checkpoint / "policy"):
         (directory / "config.json").write_text("{}")
-    assert policy_directory(str(model)) == str(model)  # its own config.json wins over a policy/ inside
-    assert policy_directory(str(checkpoint)) == str(checkpoint / "policy")
+    assert policy_model_path("smollm2-135m") == "smollm2-135m"  # built only once every check has passed
+    assert policy_model_path(str(model)) == str(model)  # its own config.json wins over a policy/ inside
+    assert policy_model_path(str(checkpoint)) == str(checkpoint / "policy")
     with pytest.raises(ValueError, match=r"policy '.*empty': neither a named model \(tiny, smollm2-135m\)"):
-        policy_directory(str(tmp_path / "empty"))
+        policy_model_path(str(tmp_path / "empty"))
+
+
+def test_rllib_evaluate_checks_every_benchmark_before_any_model_is_built(tmp_path, monkeypatch, capsys):
+    from rllib_arpo.cli import main
+    from rllib_arpo.models import catalogue
+    from rllib_arpo.rollout import env_runner
+
+    def build(*args, **kwargs):
+        raise AssertionError("a model was built or loaded before the checks")
+
+    monkeypatch.setattr(env_runner, "build_engine", build)
+    monkeypatch.setitem(catalogue.NAMED_MODELS, "tiny", build)
+    path = tmp_path / "gsm8k.jsonl"
+    path.write_text('{"question": "q", "answer": "#### 4"}\n')
+    arguments = ["evaluate", "tiny", "--output", str(tmp_path / "out"), "--data", "tir_task:test"]
+    assert main([*arguments, str(path)]) == 2
+    assert capsys.readouterr().err == (
+        f"rllib: error: --data gsm8k: tools.search: dataset {str(path)!r} brings no corpus: give the search tool "
+        "a corpus_path (e.g. the reference search_cache.json with backend: cache)\n"
+    )
+    (tmp_path / "empty.jsonl").write_text("")
+    assert main([*arguments, str(tmp_path / "empty.jsonl")]) == 2
+    assert capsys.readouterr().err.startswith("rllib: error: --data empty: dataset 'jsonl' with ")
+    assert main([*arguments, "--config", '{"max_response_tokens": -1}']) == 2
+    assert capsys.readouterr().err.startswith("rllib: error: max_response_tokens")
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_default_held_out_set_is_the_split_the_dataset_type_declares(monkeypatch):

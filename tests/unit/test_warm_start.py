@@ -1,5 +1,4 @@
 import re
-from collections import Counter
 
 import numpy as np
 import pytest
@@ -16,7 +15,6 @@ from rllib_arpo.cold_start.sft import (
     fresh_demonstrations,
     length_pooled_batches,
     pad_batch,
-    reference_response_tokens,
     sft_dataset,
     sft_loss,
     warm_start,
@@ -264,7 +262,7 @@ class ScriptedEngine:
 
 def test_evaluate_policy_scores_each_question(tokenizer):
     examples = [
-        PromptExample(format_prompt(TIRExample(q, a, "python", ("python",), (), "")), a, "math", "tir_task/python")
+        PromptExample(format_prompt(TIRExample(q, a, "python", ("python",), (), "")), a, "math", "python")
         for q, a in (("What is 2 * 3?", "6"), ("What is 4 * 5?", "20"), ("What is 7 * 8?", "56"))
     ]
     right = ["<python> 2 * 3 </python>", " <answer> \\boxed{6} </answer>"]
@@ -300,23 +298,3 @@ def test_evaluate_policy_scores_each_question(tokenizer):
             "tool_calls_per_question/search": 0.0,
         }
     )
-
-
-def test_reference_response_tokens_cover_every_question_by_kind(task, tokenizer):
-    lengths = reference_response_tokens(tokenizer, task, "train")
-    kinds = Counter(example.kind for example in task.split("train"))
-    assert {kind: len(of_kind) for kind, of_kind in lengths.items()} == kinds  # every question answerable
-    first_two = reference_response_tokens(tokenizer, task, "train", limit=2)
-    assert Counter({kind: len(of_kind) for kind, of_kind in first_two.items()}) == Counter(
-        example.kind for example in task.split("train")[:2]
-    )
-
-
-def test_reference_response_tokens_count_tool_results_as_cut(task, tokenizer):
-    """A page is cut to max_tool_result_tokens inside the response, as the rollout cuts it; a
-    Python result is a short number either way."""
-    full = reference_response_tokens(tokenizer, task, "train", max_tool_result_tokens=96)
-    cut = reference_response_tokens(tokenizer, task, "train", max_tool_result_tokens=8)
-    assert cut.get("python") == full.get("python")
-    for kind in ("search", "both"):
-        assert all(short < long for short, long in zip(cut[kind], full[kind])), kind

@@ -2,8 +2,10 @@
 
 ``{"type": "tir_task", "seed": 0, "split": "train"}``; ``"variant": "namesakes"`` for its variant
 whose search results leave the next step open (near-namesakes, outdated figures, renamed
-entities), with its own knowledge base and splits. Its held-out split is ``test``, and it brings
-its knowledge base as the search tool's corpus.
+entities), with its own knowledge base and splits. Its held-out split is ``test``, it brings
+its knowledge base as the search tool's corpus, and its reference solutions are the task's own
+(``data.tir_task.demonstration``). An example's source is its question kind (``search``,
+``python``, ...), the name of its per-source metrics.
 
 The questions are chat messages (ARPO's system prompt, then the question), so a chat model reads
 them through its chat template; the tiny policy, which has none, reads their ``plain_prompt``
@@ -15,10 +17,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.data.prompts import TIR_SYSTEM_PROMPT, tir_messages
-from rllib_arpo.data.registry import DATASET_LOADERS
-from rllib_arpo.data.tir_task import TIRExample, TIRTask, format_prompt
+from rllib_arpo.data.registry import DATASET_LOADERS, ReferenceResponse, ToolFunction
+from rllib_arpo.data.tir_task import TIRExample, TIRTask, demonstration, format_prompt
 
 
 def tir_task_of_spec(spec: Mapping[str, Any]) -> TIRTask:
@@ -31,7 +35,26 @@ def tir_task_corpus(spec: Mapping[str, Any]) -> list[str]:
     return tir_task_of_spec(spec).corpus()
 
 
-@DATASET_LOADERS.register("tir_task", held_out_split="test", documents=tir_task_corpus)
+def tir_task_reference_solutions(
+    spec: Mapping[str, Any], limit: int | None, tools: Mapping[str, ToolFunction]
+) -> list[ReferenceResponse]:
+    """The ``perfect`` demonstration of each of the first ``limit`` questions of ``spec``'s split,
+    by question kind; questions the tools cannot answer are left out."""
+    rng = np.random.default_rng(0)  # a perfect demonstration draws nothing
+    system_prompt = spec.get("system_prompt", TIR_SYSTEM_PROMPT)
+    solutions = []
+    for example in tir_task_of_spec(spec).split(spec.get("split", "train"))[:limit]:
+        try:
+            response = demonstration(example, rng, "perfect", search=tools["search"], python=tools["python"])
+        except ValueError:
+            continue
+        solutions.append(ReferenceResponse(example.kind, tir_task_example(example, system_prompt), response))
+    return solutions
+
+
+@DATASET_LOADERS.register(
+    "tir_task", held_out_split="test", documents=tir_task_corpus, reference_solutions=tir_task_reference_solutions
+)
 def load_tir_task(
     seed: int = 0, split: str = "train", system_prompt: str = TIR_SYSTEM_PROMPT, **task_kwargs
 ) -> list[PromptExample]:
@@ -42,4 +65,4 @@ def tir_task_example(example: TIRExample, system_prompt: str = TIR_SYSTEM_PROMPT
     """A ``TIRExample`` as a prompt: ARPO's chat messages, and the plain
     ``"Question: ...\\nAnswer: "`` for a tokenizer without a chat template."""
     messages = tir_messages(example.question, system_prompt)
-    return PromptExample(messages, example.answer, "math", f"tir_task/{example.kind}", format_prompt(example))
+    return PromptExample(messages, example.answer, "math", example.kind, format_prompt(example))
