@@ -2,7 +2,9 @@
 
 - ``{"type": "tir_task", "seed": 0, "split": "train"}``: the embedded task (``tir_task``);
 - ``{"type": "parquet", "path": ".../train_10k.parquet"}``: verl's RL format (``parquet``);
-- ``{"type": "jsonl", "path": ".../gsm8k.jsonl"}``: question / answer lines (``jsonl``).
+- ``{"type": "jsonl", "path": ".../gsm8k.jsonl"}``: question / answer lines (``jsonl``);
+- ``{"type": "reasoning_gym", "task": "basic_arithmetic"}``: a procedural task of the reasoning-gym
+  library, with its scorer as the ``reasoning_gym`` reward (``reasoning_gym``, an optional extra).
 
 Each registers itself in ``data.registry.DATASET_LOADERS`` when imported (``rllib_arpo.data``
 imports them all). A row of a file without a field it needs raises ``rows.BadRow``.
