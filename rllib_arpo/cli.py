@@ -194,7 +194,7 @@ def _restored_tuner(experiment_path: Path, run: str, param_space: dict):
 def evaluate(args: argparse.Namespace) -> int:
     """``rllib evaluate``: the run's config (``--experiment`` file, ``--config``) and the
     benchmarks, all checked before any model is built or loaded (``check_config``, then
-    ``eval.benchmark.check_benchmarks``), then ``eval.benchmark.evaluate_benchmarks``."""
+    ``eval.benchmark.load_benchmarks``), then ``eval.benchmark.evaluate_benchmarks``."""
     from rllib_arpo.eval import benchmark
     from rllib_arpo.experiment_file import check_config, resolve_paths, trial_configs
 
@@ -214,12 +214,12 @@ def evaluate(args: argparse.Namespace) -> int:
         values, run = trial_configs(experiments[name]["config"])[0], experiments[name]["run"]
     config = check_config(values, run)
     try:
-        benchmark.check_benchmarks(config, specs)
+        benchmarks = benchmark.load_benchmarks(config, specs, args.limit)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     table = benchmark.evaluate_benchmarks(
         config,
-        specs,
+        benchmarks,
         samples=args.samples,
         ks=args.k or [args.samples],
         temperature=args.temperature,

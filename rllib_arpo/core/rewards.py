@@ -380,11 +380,13 @@ class RewardSettings:
                 f"{self.overlong_buffer_fraction!r}, {self.overlong_penalty_factor!r}"
             )
         object.__setattr__(self, "multi_tool_set", tuple(self.multi_tool_set))
-        self.reward_function()  # imports and checks the reward now, before any rollout
+        # imported and checked once, now, before any rollout; every scoring reads this one
+        object.__setattr__(self, "_reward_function", resolve_reward(self.reward))
 
     def reward_function(self) -> RewardFunction:
-        """The configured ``reward``, resolved (``core.reward_functions.resolve_reward``)."""
-        return resolve_reward(self.reward)
+        """The configured ``reward``, resolved (``core.reward_functions.resolve_reward``) when
+        these settings were built."""
+        return self._reward_function
 
 
 def overlong_penalty(length: int, max_length: int, buffer_fraction: float, factor: float = 1.0) -> float:

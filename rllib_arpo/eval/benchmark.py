@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from rllib_arpo.core.rewards import RewardSettings
@@ -98,25 +99,37 @@ def policy_model_path(policy: str) -> str:
     )
 
 
-def check_benchmarks(config, specs: Sequence[dict]) -> None:
-    """Every benchmark of ``specs`` loads and ``config``'s tools serve its questions
-    (``tools_for_dataset``: a search tool needs a corpus): what would otherwise fail only after
-    the model is built. A ValueError naming the benchmark."""
+@dataclass(frozen=True)
+class Benchmark:
+    """A benchmark ready to run: its name, its questions and the run's tool options for them."""
+
+    name: str
+    examples: list
+    tools: dict
+
+
+def load_benchmarks(config, specs: Sequence[dict], limit: int | None) -> list[Benchmark]:
+    """The first ``limit`` questions of every benchmark of ``specs`` (None: all), each with
+    ``config``'s tools as they serve it (``tools_for_dataset``: a search tool needs a corpus),
+    loaded before any model is built, so that what would fail after it fails first: a
+    ValueError naming the benchmark."""
     import rllib_arpo.tools  # noqa: F401  (registers the tools)
     from rllib_arpo.data.dataset_tools import tools_for_dataset
     from rllib_arpo.data.registry import load_dataset
 
+    benchmarks = []
     for spec in specs:
         try:
-            load_dataset(spec)
-            tools_for_dataset(config.tools, spec)
+            examples, tools = load_dataset(spec)[:limit], tools_for_dataset(config.tools, spec)
         except (ValueError, TypeError, OSError) as error:
             raise ValueError(f"--data {benchmark_name(spec)}: {' '.join(str(error).split())}") from None
+        benchmarks.append(Benchmark(benchmark_name(spec), examples, tools))
+    return benchmarks
 
 
 def evaluate_benchmarks(
     config,
-    specs: Sequence[dict],
+    benchmarks: Sequence[Benchmark],
     *,
     samples: int,
     ks: Sequence[int],
@@ -128,10 +141,9 @@ def evaluate_benchmarks(
     progress: bool = True,
 ):
     """Evaluate ``config.model_path`` with ``config``'s engine, tools, rollout and reward settings
-    on every benchmark of ``specs`` (checked by ``check_benchmarks``); write the table and
-    transcripts into ``output_dir`` and return the table (a pandas DataFrame)."""
-    import rllib_arpo.tools  # noqa: F401  (registers the tools)
-    from rllib_arpo.data.registry import load_dataset
+    on every benchmark of ``benchmarks`` (``load_benchmarks``, cut to ``limit`` questions, which
+    the table's settings record); write the table and transcripts into ``output_dir`` and return
+    the table (a pandas DataFrame)."""
     from rllib_arpo.models.catalogue import resolve_model_path
     from rllib_arpo.rollout.env_runner import build_engine
 
@@ -157,15 +169,13 @@ def evaluate_benchmarks(
     }
     rows = []
     try:
-        for spec in specs:
-            name = benchmark_name(spec)
-            examples = load_dataset(spec)[:limit]
+        for benchmark in benchmarks:
             if progress:
-                print(f"{name}: {len(examples)} questions x {samples} samples", flush=True)
-            results, minutes = _roll_out(engine, config, spec, examples, **choices)
-            _write_transcripts(output_dir / "transcripts" / f"{name}.jsonl", results)
+                print(f"{benchmark.name}: {len(benchmark.examples)} questions x {samples} samples", flush=True)
+            results, minutes = _roll_out(engine, config, benchmark, **choices)
+            _write_transcripts(output_dir / "transcripts" / f"{benchmark.name}.jsonl", results)
             metrics = summarize(results, tuple(config.tools), ks)
-            rows.append(_table_row(name, len(results), samples, metrics, ks, config.tools, minutes))
+            rows.append(_table_row(benchmark.name, len(results), samples, metrics, ks, config.tools, minutes))
             table = _write_table(rows, settings, output_dir)  # after every benchmark: nothing lost on a crash
     finally:
         if hasattr(engine, "close"):
@@ -173,20 +183,19 @@ def evaluate_benchmarks(
     return table
 
 
-def _roll_out(engine, config, spec: dict, examples: list, **choices) -> tuple[list[QuestionResult], float]:
-    """``rollout_questions(..., **choices)`` of ``examples`` with the run's tools that benchmark
-    ``spec`` has (``tools_for_dataset``), and the minutes it took."""
-    from rllib_arpo.data.dataset_tools import tools_for_dataset
+def _roll_out(engine, config, benchmark: Benchmark, **choices) -> tuple[list[QuestionResult], float]:
+    """``rollout_questions(..., **choices)`` of the benchmark's questions with its tools, and the
+    minutes it took."""
     from rllib_arpo.tools.base import ToolExecutor, build_tools
 
     tools = ToolExecutor(
-        build_tools(tools_for_dataset(config.tools, spec)),
+        build_tools(benchmark.tools),
         max_workers=config.tool_workers,
         timeout_s=config.tool_timeout_s,
     )
     start = time.perf_counter()
     with tools:
-        results = rollout_questions(engine, examples, tools, **choices)
+        results = rollout_questions(engine, benchmark.examples, tools, **choices)
     return results, (time.perf_counter() - start) / 60
 
 
