@@ -81,7 +81,7 @@ class DataSettings:
 
     dataset: dict = setting(
         {"type": "tir_task", "seed": 0, "split": "train"},
-        "Training prompts: `{type: tir_task | parquet | jsonl | reasoning_gym, ...}` (docs/tasks.md).",
+        "Training prompts: `{type: tir_task | parquet | jsonl | reasoning_gym | verifiers, ...}` (docs/tasks.md).",
     )
     prompts_per_env_runner: int = setting(4, "Prompts each EnvRunner rolls out per iteration.")
     max_prompt_tokens: int | None = setting(

@@ -4,7 +4,8 @@
 check): the RLlib fields ARPO reads (``config_fields.RLLIB_FIELDS``), every field group of
 ``config_fields.CONFIG_GROUPS`` (each checks its own fields in ``__post_init__``, the rules between
 them included), the model path, then ``CONFIG_RULES`` in order. The rules here concern two groups,
-or hold for RL training only (the groups are also built for evaluation, which may sample greedily);
+or hold for RL training only (the groups are also built for evaluation, which may sample greedily),
+or ask the world what a group cannot ask each time it is built (a reward's server answers);
 each is a small function whose docstring gives its reason, and reads what the registry entries
 declare rather than their names.
 """
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rllib_arpo.config_fields import CONFIG_GROUPS, check_rllib_fields
+from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.core.settings import from_config
 from rllib_arpo.learner.backends import LEARNER_BACKENDS
 from rllib_arpo.learner.memory import check_batch_fits_in_memory
@@ -62,12 +64,20 @@ def float16_needs_loss_scaling(config: Any) -> None:
         )
 
 
+def reward_passes_its_check(config: Any) -> None:
+    """A reward entry may check its options against the world (``RewardEntry.check``: a judge's
+    server answers); here it runs where the config is validated, before Ray starts, not in every
+    EnvRunner that builds the rewards group."""
+    from_config(RewardSettings, config).reward_function().check_options()
+
+
 CONFIG_RULES: tuple[Callable[[Any], None], ...] = (
     sampling_needs_a_temperature,
     temperature_needs_learner_logprobs,
     check_batch_fits_in_memory,
     staleness_needs_remote_env_runners,
     float16_needs_loss_scaling,
+    reward_passes_its_check,
 )
 """The rules between groups, run in this order once every group has checked its own fields;
 each raises a ValueError that names the fields."""

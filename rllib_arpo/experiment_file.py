@@ -141,6 +141,8 @@ def load_experiments(
             experiment["imports"] = _imports(experiment, config, file.resolve().parent)
             config = {key: value for key, value in config.items() if key != "imports"}
             overrides = config_override or {}
+            if "imports" in overrides:
+                raise ConfigError("--config: 'imports' is not a config field; name modules with --import MODULE")
             config = {
                 **resolve_paths({k: v for k, v in config.items() if k not in overrides}, file_bases),
                 **resolve_paths(overrides, (Path.cwd(),)),

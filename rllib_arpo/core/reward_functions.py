@@ -24,9 +24,14 @@ is once per prompt group (an LLM judge, a test runner that amortises its start):
 
     fn(responses=list[str], row=dict, tool_calls=list[dict[str, int]], **options) -> list of those
 
+where an exception in place of one response's value fails that response alone.
+
 A function may take ``*args, **kwargs``. An entry registered with ``takes_settings=True`` (the
 hierarchical reward, whose knobs are the rewards group's other fields) is also called with
-``settings`` (the run's ``RewardSettings``) and ``tool_tags`` (the tags of the run's tools).
+``settings`` (the run's ``RewardSettings``) and ``tool_tags`` (the tags of the run's tools). An
+entry registered with a ``check`` has its options checked by it when the config is validated, in
+the driver (``config_rules``): what only the world can say, such as whether a judge's server
+answers, is asked once there rather than in every EnvRunner.
 
 A reward that fails at run time (it raises, returns NaN or inf, something that is not a number, a
 mapping without ``"reward"``, or a batched list of another length) scores the trajectory with
@@ -57,18 +62,22 @@ SPEC_KEYS = ("fn", "batched", "fallback")
 
 @dataclass(frozen=True)
 class RewardEntry:
-    """A registered reward: its function, and whether it is called with the run's settings too."""
+    """A registered reward: its function, whether it is called with the run's settings too, and
+    the ``check`` of its options (module docstring; None: none), called with them as keywords."""
 
     fn: Callable[..., Any]
     takes_settings: bool = False
+    check: Callable[..., None] | None = None
 
 
 class RewardRegistry(Registry[RewardEntry]):
     """``Registry`` whose ``register`` takes a plain reward function (returned unchanged)."""
 
-    def register(self, *names: str, takes_settings: bool = False) -> Callable[[Callable], Callable]:
+    def register(
+        self, *names: str, takes_settings: bool = False, check: Callable[..., None] | None = None
+    ) -> Callable[[Callable], Callable]:
         def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
-            Registry.register(self, *names)(RewardEntry(fn, takes_settings))
+            Registry.register(self, *names)(RewardEntry(fn, takes_settings, check))
             return fn
 
         return decorator
@@ -105,6 +114,7 @@ class RewardFunction:
         fallback: the reward of a trajectory whose reward failed.
         options: the keyword arguments of every call, from the config.
         takes_settings: also called with ``settings`` and ``tool_tags`` (``RewardEntry``).
+        check: the entry's check of the options (``RewardEntry``), None where it has none.
     """
 
     name: str
@@ -113,6 +123,7 @@ class RewardFunction:
     fallback: float = 0.0
     options: Mapping[str, Any] = field(default_factory=dict)
     takes_settings: bool = False
+    check: Callable[..., None] | None = None
 
     @property
     def call_keywords(self) -> tuple[str, ...]:
@@ -135,6 +146,11 @@ class RewardFunction:
                 f"reward.fn: {self.name!r} takes {_unannotated(signature)} and cannot be called with the keywords "
                 f"{', '.join(keywords)} ({error})"
             ) from None
+
+    def check_options(self) -> None:
+        """The entry's ``check`` of the options, where it has one: a ValueError naming the key."""
+        if self.check is not None:
+            self.check(**self.options)
 
     def score(
         self,
@@ -165,7 +181,7 @@ class RewardFunction:
             return [self._failed(f"raised {_one_line(error)}")] * len(responses)
         if isinstance(returned, (str, bytes)) or not isinstance(returned, Sequence) or len(returned) != len(responses):
             return [self._failed(f"returned {reprlib.repr(returned)} for {len(responses)} responses")] * len(responses)
-        return [self._guarded(lambda value=value: value) for value in returned]
+        return [self._guarded(functools.partial(_returned_or_raised, value)) for value in returned]
 
     def _guarded(self, call: Callable[[], Any]) -> RewardValue:
         """The ``RewardValue`` of what ``call`` returns, or the fallback and why."""
@@ -180,6 +196,13 @@ class RewardFunction:
 
     def _failed(self, why: str) -> RewardValue:
         return RewardValue(self.fallback, 0.0, {}, f"reward {self.name!r} {why}")
+
+
+def _returned_or_raised(value: Any) -> Any:
+    """A batched reward's value of one response, raised where it is an exception."""
+    if isinstance(value, Exception):
+        raise value
+    return value
 
 
 def _reward_value(returned: Any) -> RewardValue:
@@ -227,7 +250,7 @@ def resolve_reward(spec: Any) -> RewardFunction:
         raise ValueError(f"reward.fallback: expected a finite number, got {fallback!r}")
     options = {key: value for key, value in spec.items() if key not in SPEC_KEYS}
     entry = _imported(name) if ":" in name else _registered(name)
-    reward = RewardFunction(name, entry.fn, batched, float(fallback), options, entry.takes_settings)
+    reward = RewardFunction(name, entry.fn, batched, float(fallback), options, entry.takes_settings, entry.check)
     for key in options:
         if key in reward.call_keywords:
             raise ValueError(f"reward.{key}: {key!r} is an argument of the call, not an option")
@@ -243,19 +266,24 @@ def _registered(name: str) -> RewardEntry:
 
 
 def _imported(path: str) -> RewardEntry:
-    """The function at ``module:attribute``; a ValueError says why it does not import."""
+    return RewardEntry(import_function(path, "reward.fn"))
+
+
+def import_function(path: str, key: str) -> Callable[..., Any]:
+    """The function at ``module:attribute``; a ValueError naming the config key ``key`` says why
+    it does not import."""
     module_name, _, attribute = path.partition(":")
     try:
         module = importlib.import_module(module_name)
     except Exception as error:  # ImportError, or whatever the module raises while it loads
         reason = " ".join(str(error).split()) if isinstance(error, ImportError) else _one_line(error)
-        raise ValueError(f"reward.fn: cannot import {path!r} ({reason})") from None
+        raise ValueError(f"{key}: cannot import {path!r} ({reason})") from None
     if not hasattr(module, attribute):
         close = difflib.get_close_matches(attribute, dir(module), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         reason = f"module {module_name!r} has no attribute {attribute!r}{hint}"
-        raise ValueError(f"reward.fn: cannot import {path!r} ({reason})")
+        raise ValueError(f"{key}: cannot import {path!r} ({reason})")
     fn = getattr(module, attribute)
     if not callable(fn):
-        raise ValueError(f"reward.fn: {path!r} is {reprlib.repr(fn)}, not a function")
-    return RewardEntry(fn)
+        raise ValueError(f"{key}: {path!r} is {reprlib.repr(fn)}, not a function")
+    return fn

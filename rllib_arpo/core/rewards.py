@@ -462,6 +462,12 @@ def hierarchical_reward(
     return RewardBreakdown(reward, True, check.reason, score, bonus, answer, {"bonus": bonus})
 
 
+def format_gated(score: float, response: str, settings: RewardSettings, tool_tags: Sequence[str]) -> float:
+    """R of a score S that a task's own scorer or a judge gave: S, or ``settings.format_penalty``
+    where ``response`` breaks the TIR format (the hierarchical reward's first rule, without r_M)."""
+    return score if validate_format(response, tool_tags).ok else settings.format_penalty
+
+
 def accuracy(breakdowns: Sequence[RewardBreakdown]) -> float:
     """Accuracy of a set of scored responses: the mean correctness S (for math S is 1/0, so this
     is the share answered right; for QA it is the mean token F1, as the papers report)."""

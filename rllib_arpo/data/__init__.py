@@ -1,13 +1,18 @@
 """Prompt datasets: every source becomes a list of ``examples.PromptExample``.
 
 - ``registry``: the dataset types (``DATASET_LOADERS``), ``load_dataset`` and ``dataset_documents``;
-- ``loaders``: the built-in types, one module each (``tir_task``, ``parquet``, ``jsonl``, ``reasoning_gym``);
+- ``loaders``: the built-in types, one module each (``tir_task``, ``parquet``, ``jsonl``, ``reasoning_gym``,
+  ``verifiers``);
 - ``prompts``: how a prompt reaches the model (ARPO's system prompt, the chat template);
 - ``prompt_stream``: seeded, shuffled batches of one EnvRunner's shard;
 - ``dataset_tools``: the search tool's options for a dataset that brings its own corpus;
 - ``tir_task``: the embedded synthetic task; ``demonstrations``: reference-set demonstrations.
 
-Importing this package registers the built-in dataset types.
+Importing this package registers the built-in dataset types, and the rewards that are not
+``core``'s: ``reasoning_gym`` and ``verifiers`` (each with its dataset type) and ``llm_judge``
+(``rllib_arpo.llm_judge``), so that every process that loads a dataset or checks a config can name
+them.
 """
 
-from rllib_arpo.data.loaders import jsonl, parquet, reasoning_gym, tir_task  # noqa: F401  (registers the dataset types)
+from rllib_arpo import llm_judge  # noqa: F401  (registers the llm_judge reward)
+from rllib_arpo.data.loaders import jsonl, parquet, reasoning_gym, tir_task, verifiers  # noqa: F401  (registers the dataset types)

@@ -52,7 +52,7 @@ def test_an_unknown_name_lists_the_known_ones_with_the_closest_as_a_hint():
         (LOSS_AGGREGATIONS, ["seq-mean-token-mean", "seq-mean-token-sum", "token-mean"]),
         (TOOLS, ["browse", "python", "search"]),
         (SEARCH_BACKENDS, ["bm25", "cache", "http"]),
-        (DATASET_LOADERS, ["jsonl", "parquet", "reasoning_gym", "tir_task"]),
+        (DATASET_LOADERS, ["jsonl", "parquet", "reasoning_gym", "tir_task", "verifiers"]),
         (ENGINES, ["hf", "vllm"]),
     ],
 )

@@ -130,6 +130,15 @@ def test_the_command_line_imports_relative_to_the_working_directory(tmp_path, mo
     )
 
 
+def test_imports_in_the_config_override_point_to_the_command_line_flag(tmp_path):
+    path = experiment(tmp_path, "  imports: [myext.py]\n")
+    with pytest.raises(ConfigError) as raised:
+        load_experiments(path, config_override={"imports": ["myext.py"]})
+    assert str(raised.value) == (
+        "experiment 'x': --config: 'imports' is not a config field; name modules with --import MODULE"
+    )
+
+
 def test_a_running_ray_cannot_take_imports(tmp_path, monkeypatch):
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
     with pytest.raises(ConfigError, match=r"^imports: Ray is already running in this process .*\['myext.py'\]"):

@@ -4,7 +4,9 @@
 - ``{"type": "parquet", "path": ".../train_10k.parquet"}``: verl's RL format (``parquet``);
 - ``{"type": "jsonl", "path": ".../gsm8k.jsonl"}``: question / answer lines (``jsonl``);
 - ``{"type": "reasoning_gym", "task": "basic_arithmetic"}``: a procedural task of the reasoning-gym
-  library, with its scorer as the ``reasoning_gym`` reward (``reasoning_gym``, an optional extra).
+  library, with its scorer as the ``reasoning_gym`` reward (``reasoning_gym``, an optional extra);
+- ``{"type": "verifiers", "env": "my_env"}``: a single-turn environment of the verifiers library, with
+  its reward functions as the ``verifiers`` reward (``verifiers``, an optional extra).
 
 Each registers itself in ``data.registry.DATASET_LOADERS`` when imported (``rllib_arpo.data``
 imports them all). A row of a file without a field it needs raises ``rows.BadRow``.

@@ -38,7 +38,7 @@ from typing import Any
 
 from rllib_arpo.core.registry import Registry
 from rllib_arpo.core.reward_functions import REWARDS
-from rllib_arpo.core.rewards import RewardSettings, extract_answer, validate_format
+from rllib_arpo.core.rewards import RewardSettings, extract_answer, format_gated
 from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.data.prompts import TIR_SYSTEM_PROMPT, tir_messages
 from rllib_arpo.data.registry import DATASET_LOADERS
@@ -147,5 +147,4 @@ def reasoning_gym_reward(
     scoring = row["reasoning_gym"]
     score_answer = _scorer(scoring["task"], json.dumps(scoring["options"], sort_keys=True))
     score = float(score_answer(extract_answer(response), scoring["entry"]))
-    reward = score if validate_format(response, tool_tags).ok else settings.format_penalty
-    return {"reward": reward, "correct": score}
+    return {"reward": format_gated(score, response, settings, tool_tags), "correct": score}

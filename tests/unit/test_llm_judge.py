@@ -1,0 +1,355 @@
+"""The ``llm_judge`` reward (``rllib_arpo.llm_judge``) against a local HTTP server on 127.0.0.1 that
+answers as an OpenAI-compatible one would: canned verdicts, errors, silence and dropped
+connections. The real judge model is ``tests/vllm/test_llm_judge.py``'s."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from rllib_arpo import llm_judge
+from rllib_arpo.core.rewards import RewardSettings
+from rllib_arpo.experiment_file import ConfigError, check_config
+
+MODEL = "judge-model"
+TOOL_TAGS = ("search", "python")
+ROW = {
+    "prompt": ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 6 x 7?"}),
+    "ground_truth": "42",
+    "task": "math",
+    "source": "arithmetic",
+    "difficulty": "easy",
+}
+
+# How the server answers a chat request: (the user message it carries, how many chat requests it has
+# seen before) -> ("reply", text) | ("status", code) | ("sleep", seconds) | ("close", None)
+Answer = Callable[[str, int], tuple[str, Any]]
+
+
+class JudgeServer:
+    """A local server with ``/v1/models`` (listing ``MODEL``) and ``/v1/chat/completions``
+    (answering as ``answer`` says); it records the user message of every chat request."""
+
+    def __init__(self) -> None:
+        self.answer: Answer = lambda text, seen: ("reply", "yes")
+        self.asked: list[str] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the http.server name
+                self.send_json(200, {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "test"}]})
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                text = body["messages"][-1]["content"]
+                seen = len(server.asked)
+                server.asked.append(text)
+                kind, value = server.answer(text, seen)
+                if kind == "close":
+                    self.close_connection = True
+                    return
+                if kind == "sleep":
+                    time.sleep(value)
+                    kind, value = "reply", "yes"
+                if kind == "status":
+                    self.send_json(value, {"error": {"message": "canned", "type": "test"}})
+                    return
+                message = {"role": "assistant", "content": value}
+                choice = {"index": 0, "message": message, "finish_reason": "stop"}
+                self.send_json(200, {"id": "c", "object": "chat.completion", "created": 0, "model": MODEL,
+                                     "choices": [choice]})  # fmt: skip
+
+            def send_json(self, status: int, payload: dict) -> None:
+                data = json.dumps(payload).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout test)
+                    pass
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+
+@pytest.fixture
+def server(monkeypatch) -> Iterator[JudgeServer]:
+    monkeypatch.setattr(llm_judge, "RETRY_PAUSE_S", 0.01)
+    judge_server = JudgeServer()
+    thread = threading.Thread(target=judge_server.httpd.serve_forever, args=(0.02,), daemon=True)
+    thread.start()
+    yield judge_server
+    judge_server.httpd.shutdown()
+    judge_server.httpd.server_close()
+
+
+def free_port() -> int:
+    """A port nobody listens on (bound, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def judged(url: str, responses: list[str], batched: bool = True, row: dict = ROW, **options):
+    """The ``RewardValue`` of each response, scored as a run scores it (``RewardFunction.score``)."""
+    spec = {"fn": "llm_judge", "batched": batched, "fallback": -0.5, "url": url, "model": MODEL, **options}
+    settings = RewardSettings(reward=spec)
+    return settings.reward_function().score(responses, row, [{}] * len(responses), settings, TOOL_TAGS)
+
+
+def answer(text: str) -> str:
+    return f"<think>t</think><answer>{text}</answer>"
+
+
+def test_every_process_that_loads_datasets_can_name_the_judge():
+    """An EnvRunner imports ``rllib_arpo.data`` and resolves the reward: the entry is there."""
+    program = "import rllib_arpo.data; from rllib_arpo.core.reward_functions import REWARDS; print(REWARDS.names())"
+    completed = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
+    assert "'llm_judge'" in completed.stdout
+
+
+# --- the template and the verdicts --------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        (
+            "Is {answr} right?",
+            "reward.prompt: unknown placeholder {answr}; the template sees {question}, {answer}, {response}, "
+            "{ground_truth}, {row} (a column: {row[name]})",
+        ),
+        (
+            "Is {answer} in {0}?",
+            "reward.prompt: unknown placeholder {0}; the template sees {question}, {answer}, "
+            "{response}, {ground_truth}, {row} (a column: {row[name]})",
+        ),  # fmt: skip
+        (
+            "Is {answer} a set like {1, 2}?",
+            "reward.prompt: unknown placeholder {1, 2}; the template sees "
+            "{question}, {answer}, {response}, {ground_truth}, {row} (a column: {row[name]})",
+        ),  # fmt: skip
+        (
+            "Is {answer right?",
+            "reward.prompt: not a format template (expected '}' before end of string; write a literal brace twice)",
+        ),
+        (
+            "Is {ground_truth} the answer to {question}?",
+            "reward.prompt: shows the judge neither {answer} nor {response}",
+        ),
+        (3, "reward.prompt: expected a template string, got 3"),
+    ],
+)
+def test_a_bad_template_is_one_line_naming_reward_prompt(prompt, message):
+    with pytest.raises(ValueError) as raised:
+        llm_judge.check_template(prompt)
+    assert str(raised.value) == message
+
+
+def test_a_template_may_show_any_column_and_literal_braces():
+    llm_judge.check_template("{{json}} {row[difficulty]} {response!r:.20} {answer} {question} {ground_truth}")
+    llm_judge.check_template(llm_judge.DEFAULT_PROMPT)
+
+
+@pytest.mark.parametrize(
+    ("verdict", "text", "value"),
+    [
+        ("yes_no", "Yes.", 1.0),
+        ("yes_no", "no, it is 41", 0.0),
+        ("yes_no", "I think: YES", 1.0),
+        ("yes_no", "Nothing is wrong, yes", 1.0),  # "Nothing" is not the word no
+        ("score", "0.75", 0.75),
+        ("score", "Score: 1", 1.0),
+        ("score", "score .5 of 1", 0.5),
+    ],
+)
+def test_the_built_in_verdicts_read_the_judges_text(verdict, text, value):
+    assert llm_judge.verdict_parser(verdict)(text) == value
+
+
+@pytest.mark.parametrize(
+    ("verdict", "text", "message"),
+    [("yes_no", "maybe", "no yes or no in 'maybe'"), ("score", "high", "no number in 'high'")],
+)
+def test_an_unreadable_verdict_raises(verdict, text, message):
+    with pytest.raises(ValueError) as raised:
+        llm_judge.verdict_parser(verdict)(text)
+    assert str(raised.value) == message
+
+
+# --- judging through the reward registry ----------------------------------------------------------
+def test_a_batched_group_is_judged_one_request_per_response(server):
+    server.answer = lambda text, seen: ("reply", "Yes." if "Proposed: 42" in text else "No.")
+    prompt = "Q: {question} Gold: {ground_truth} Proposed: {answer} Level: {row[difficulty]}"
+    responses = [answer("42"), answer("41"), "<think>t</think>42"]  # the last breaks the TIR format
+    values = judged(server.url, responses, prompt=prompt)
+    assert [(v.reward, v.correct, v.error) for v in values] == [(1.0, 1.0, None), (0.0, 0.0, None), (-1.0, 0.0, None)]
+    assert sorted(server.asked) == [
+        "Q: What is 6 x 7? Gold: 42 Proposed:  Level: easy",  # no <answer>: an empty answer
+        "Q: What is 6 x 7? Gold: 42 Proposed: 41 Level: easy",
+        "Q: What is 6 x 7? Gold: 42 Proposed: 42 Level: easy",
+    ]
+
+
+def test_the_unbatched_form_judges_each_response_and_shows_the_whole_response(server):
+    server.answer = lambda text, seen: ("reply", "0.25")
+    values = judged(server.url, [answer("7")], batched=False, prompt="{response}", verdict="score")
+    assert [(v.reward, v.correct, v.error) for v in values] == [(0.25, 0.25, None)]
+    assert server.asked == [answer("7")]
+
+
+def test_accepted_answers_are_shown_joined(server):
+    judged(
+        server.url, [answer("x")], row={**ROW, "ground_truth": ("42", "forty-two")}, prompt="{ground_truth} {answer}"
+    )
+    assert server.asked == ["42 | forty-two x"]
+
+
+def test_an_unreadable_verdict_fails_that_response_alone(server):
+    server.answer = lambda text, seen: ("reply", "maybe" if "41" in text else "yes")
+    values = judged(server.url, [answer("42"), answer("41")])
+    assert [(v.reward, v.correct, v.error) for v in values] == [
+        (1.0, 1.0, None),
+        (-0.5, 0.0, "reward 'llm_judge' raised ValueError: no yes or no in 'maybe'"),
+    ]
+
+
+def test_a_verdict_outside_0_1_fails(server):
+    server.answer = lambda text, seen: ("reply", "7")
+    [value] = judged(server.url, [answer("42")], verdict="score")
+    assert value.error == "reward 'llm_judge' raised ValueError: the verdict of '7' is 7.0, not a number in [0, 1]"
+
+
+def test_a_column_the_row_lacks_fails(server):
+    [value] = judged(server.url, [answer("42")], prompt="{answer} {row[level]}")
+    assert (value.reward, value.error) == (-0.5, "reward 'llm_judge' raised KeyError: 'level'")
+    assert server.asked == []
+
+
+def test_a_verdict_by_import_path(server, tmp_path, monkeypatch):
+    (tmp_path / "myverdicts.py").write_text(
+        textwrap.dedent("""
+        def stars(text):
+            return text.count("*") / 5
+    """)
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    server.answer = lambda text, seen: ("reply", "***")
+    [value] = judged(server.url, [answer("42")], verdict="myverdicts:stars")
+    assert (value.reward, value.error) == (0.6, None)
+
+
+# --- retries and timeouts -----------------------------------------------------------------------
+def test_a_server_error_is_retried(server):
+    server.answer = lambda text, seen: ("status", 500) if seen < 2 else ("reply", "yes")
+    [value] = judged(server.url, [answer("42")], retries=2)
+    assert (value.reward, value.error, len(server.asked)) == (1.0, None, 3)
+
+
+def test_the_retries_are_bounded(server):
+    server.answer = lambda text, seen: ("status", 503)
+    [value] = judged(server.url, [answer("42")], retries=1)
+    assert value.reward == -0.5 and value.error.startswith("reward 'llm_judge' raised InternalServerError: ")
+    assert len(server.asked) == 2
+
+
+def test_a_bad_request_is_not_retried(server):
+    server.answer = lambda text, seen: ("status", 400)
+    [value] = judged(server.url, [answer("42")], retries=3)
+    assert value.error.startswith("reward 'llm_judge' raised BadRequestError: ")
+    assert len(server.asked) == 1
+
+
+def test_a_dropped_connection_is_retried(server):
+    server.answer = lambda text, seen: ("close", None) if seen < 1 else ("reply", "yes")
+    [value] = judged(server.url, [answer("42")], retries=1)
+    assert (value.reward, value.error, len(server.asked)) == (1.0, None, 2)
+
+
+def test_a_silent_server_costs_at_most_retries_plus_one_timeouts(server):
+    server.answer = lambda text, seen: ("sleep", 3.0)
+    start = time.monotonic()
+    values = judged(server.url, [answer("42")] * 3, timeout_s=0.3, retries=1)
+    seconds = time.monotonic() - start
+    assert [v.error for v in values] == ["reward 'llm_judge' raised APITimeoutError: Request timed out."] * 3
+    assert len(server.asked) == 6  # concurrent: 3 responses x 2 tries, in about 2 timeouts
+    assert seconds < 2 * 0.3 + 0.5
+
+
+def test_a_server_that_is_gone_fails_fast():
+    start = time.monotonic()
+    [value] = judged(f"http://127.0.0.1:{free_port()}/v1", [answer("42")], retries=0)
+    assert (value.reward, value.error) == (-0.5, "reward 'llm_judge' raised APIConnectionError: Connection error.")
+    assert time.monotonic() - start < 2
+
+
+# --- the config check ---------------------------------------------------------------------------
+def test_the_config_check_passes_with_the_server_up(server):
+    reward = {"fn": "llm_judge", "batched": True, "url": server.url, "model": MODEL}
+    assert check_config({"model_path": "tiny", "reward": reward}).reward == reward
+
+
+def test_the_config_check_names_the_url_of_a_server_that_does_not_answer():
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    with pytest.raises(ConfigError) as raised:
+        check_config({"model_path": "tiny", "reward": {"fn": "llm_judge", "url": url, "model": MODEL}})
+    assert str(raised.value) == (
+        f"reward.url: no OpenAI-compatible server answers at {url}: "
+        "ConnectionRefusedError: [Errno 111] Connection refused"
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"model": "other"}, "reward.model: the server at {url} serves judge-model, not 'other'"),
+        ({"url": "127.0.0.1:8000"}, "reward.url: expected an http:// or https:// address, got '127.0.0.1:8000'"),
+        ({"model": None}, "reward.model: expected a string, got None"),
+        (
+            {"prompt": "{answr}"},
+            "reward.prompt: unknown placeholder {answr}; the template sees {question}, "
+            "{answer}, {response}, {ground_truth}, {row} (a column: {row[name]})",
+        ),  # fmt: skip
+        (
+            {"verdict": "yesno"},
+            "reward.verdict: unknown verdict 'yesno' (did you mean 'yes_no'?); known: score, yes_no",
+        ),
+        ({"verdict": "nowhere:parse"}, "reward.verdict: cannot import 'nowhere:parse' (No module named 'nowhere')"),
+        ({"timeout_s": 0}, "reward.timeout_s: expected a number of seconds > 0, got 0"),
+        ({"retries": -1}, "reward.retries: expected a whole number >= 0, got -1"),
+        ({"max_tokens": 0.5}, "reward.max_tokens: expected a whole number >= 1, got 0.5"),
+        (
+            {"api_key_env": "NO_SUCH_JUDGE_KEY"},
+            "reward.api_key_env: the environment variable 'NO_SUCH_JUDGE_KEY' is not set",
+        ),  # fmt: skip
+        ({"temperature": 0.5}, "reward.fn: 'llm_judge' takes "),
+    ],
+)
+def test_a_bad_option_is_one_config_error_naming_it(server, options, message):
+    reward = {"fn": "llm_judge", "url": server.url, "model": MODEL, **options}
+    with pytest.raises(ConfigError) as raised:
+        check_config({"model_path": "tiny", "reward": reward})
+    assert str(raised.value).startswith(message.replace("{url}", server.url))
+    assert "\n" not in str(raised.value)
+
+
+def test_the_server_is_asked_where_the_config_is_validated_not_where_the_settings_are_built():
+    """Every EnvRunner builds the rewards group: that asks no server; the config rule does."""
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    settings = RewardSettings(reward={"fn": "llm_judge", "url": url, "model": MODEL})
+    with pytest.raises(ValueError, match=f"^reward.url: no OpenAI-compatible server answers at {url}: "):
+        settings.reward_function().check_options()

