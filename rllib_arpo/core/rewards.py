@@ -340,7 +340,8 @@ class RewardSettings:
 
     reward: dict = setting(
         {"fn": "hierarchical"},
-        "The reward: `fn` is a reward name (`hierarchical`: ARPO's, with the knobs below) or an import path "
+        "The reward: `fn` is a reward name (`hierarchical`: ARPO's, with the knobs below; `reasoning_gym`, "
+        "`verifiers`, `llm_judge`: docs/tasks.md) or an import path "
         "`module:attribute`, called as `fn(response=str, row=dict, tool_calls=dict, **options)` and returning a "
         "number or a mapping with `reward` (and `correct`, S); `batched` (default false): one call per prompt group "
         "with `responses` and a list of `tool_calls`; `fallback` (default 0.0): the reward of a trajectory whose "
