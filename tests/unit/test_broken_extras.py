@@ -1,6 +1,8 @@
 """An optional extra that is installed but cannot be imported fails its tests instead of skipping
 them: a broken install must turn CI red, not shrink it silently. A stand-in package whose import
-raises the error of a missing dependency is put first on the path of a pytest subprocess."""
+raises the error of a missing dependency is put first on the path of a pytest subprocess. An
+optional task library that is absent leaves the package importable, and its dataset type says how
+to install it."""
 
 import os
 import subprocess
@@ -34,3 +36,32 @@ def test_a_broken_extra_fails_its_test(tmp_path, module, test):
     result = pytest_with_broken(module, tmp_path, str(TESTS / "unit" / test))
     assert result.returncode == 1, result.stdout
     assert "1 failed" in result.stdout.splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    "module, spec, message",
+    [
+        (
+            "reasoning_gym",
+            {"type": "reasoning_gym", "task": "basic_arithmetic"},
+            "the reasoning_gym dataset type needs the reasoning-gym package: pip install rllib-arpo[reasoning-gym]",
+        ),
+        (
+            "verifiers",
+            {"type": "verifiers", "env": "arpo_sums_env"},
+            "the verifiers dataset type needs the verifiers package: "
+            "pip install rllib-arpo[verifiers] && pip install --no-deps verifiers==0.4.0",
+        ),
+    ],
+)
+def test_without_a_task_library_the_package_imports_and_the_spec_says_what_to_install(module, spec, message):
+    script = (
+        f"import sys; sys.modules[{module!r}] = None\n"  # None in sys.modules: every import of it fails
+        "import rllib_arpo, rllib_arpo.data\n"
+        "from rllib_arpo.data.registry import load_dataset\n"
+        f"try:\n    load_dataset({spec!r})\n"
+        "except ValueError as error:\n    print(error)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout == message + "\n"

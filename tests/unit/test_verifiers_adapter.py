@@ -255,22 +255,6 @@ def test_a_bad_spec_is_one_line_naming_it(dataset, message):
     assert str(raised.value) == f"dataset: {message}"
 
 
-def test_without_the_package_the_package_imports_and_the_spec_says_what_to_install():
-    script = (
-        "import sys; sys.modules['verifiers'] = None\n"  # None in sys.modules: every import of it fails
-        "import rllib_arpo, rllib_arpo.data\n"
-        "from rllib_arpo.data.registry import load_dataset\n"
-        "try:\n    load_dataset({'type': 'verifiers', 'env': 'arpo_sums_env'})\n"
-        "except ValueError as error:\n    print(error)\n"
-    )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert (result.returncode, result.stderr) == (0, "")
-    assert result.stdout == (
-        "the verifiers dataset type needs the verifiers package: "
-        "pip install rllib-arpo[verifiers] && pip install --no-deps verifiers==0.4.0\n"
-    )
-
-
 def test_the_dry_run_of_an_experiment_file_shows_the_environments_prompts(tmp_path):
     """``rllib train file --dry-run`` with the environment in a module beside the file (``imports:``)."""
     (tmp_path / "arpo_sums_env.py").write_text(textwrap.dedent(SUMS_ENV))
