@@ -24,6 +24,7 @@ from rllib_arpo.core.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSS
 from rllib_arpo.core.registry import Registry
 from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.core.settings import check_type, setting
+from rllib_arpo.environments import resolve_environment
 from rllib_arpo.learner.backends import LEARNER_BACKENDS
 from rllib_arpo.learner.packing import PACKING_MODES
 from rllib_arpo.rollout.engine import ENGINES, check_engine_options
@@ -100,13 +101,23 @@ class ToolSettings:
         {"search": {"backend": "bm25"}, "python": {}},
         "`{name: options}` of the registered tools (`search`, `python`, `browse`).",
     )
-    tool_workers: int = setting(8, "Threads running a round's tool calls in parallel.")
-    tool_timeout_s: float = setting(30.0, "Wall-clock limit of one tool call; a late call answers with an error text.")
+    stateful_env: dict | None = setting(
+        None,
+        "An environment with state the policy acts on, each trajectory in its own copy: `{name: python_session | "
+        "gymnasium | module:Class, **options}` (docs/tasks.md); a tool named like its action tag gives way to it.",
+    )
+    tool_workers: int = setting(8, "Threads running a round's tool calls (and environment steps) in parallel.")
+    tool_timeout_s: float = setting(
+        30.0,
+        "Wall-clock limit of one tool call (and of an environment's reset, clone or step); a late call answers "
+        "with an error text.",
+    )
 
     def __post_init__(self) -> None:
         _at_least({"tool_workers": (self.tool_workers, 1)})
         if not self.tool_timeout_s > 0:
             raise ValueError(f"tool_timeout_s must be > 0, got {self.tool_timeout_s!r}")
+        resolve_environment(self.stateful_env)
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,11 @@ from typing import Any
 from rllib_arpo.config_fields import CONFIG_GROUPS, check_rllib_fields
 from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.core.settings import from_config
+from rllib_arpo.environments import resolve_environment
 from rllib_arpo.learner.backends import LEARNER_BACKENDS
 from rllib_arpo.learner.memory import check_batch_fits_in_memory
 from rllib_arpo.models.catalogue import check_model_path
+from rllib_arpo.rollout.settings import RolloutSettings
 
 
 def sampling_needs_a_temperature(config: Any) -> None:
@@ -71,6 +73,17 @@ def reward_passes_its_check(config: Any) -> None:
     from_config(RewardSettings, config).reward_function().check_options()
 
 
+def forks_need_a_copyable_environment(config: Any) -> None:
+    """A fork gives the child its own copy of the parent's environment, by ``clone()`` or by replay
+    (``rollout.episodes``); an environment that offers neither runs without forks."""
+    spec = resolve_environment(config.stateful_env)
+    if spec is not None and not spec.can_fork and from_config(RolloutSettings, config).rule.branches:
+        raise ValueError(
+            f"environment {spec.name!r} has no clone() and is not deterministic, so a fork cannot copy it: "
+            f"set branching: none (branching: {config.branching} forks)"
+        )
+
+
 CONFIG_RULES: tuple[Callable[[Any], None], ...] = (
     sampling_needs_a_temperature,
     temperature_needs_learner_logprobs,
@@ -78,6 +91,7 @@ CONFIG_RULES: tuple[Callable[[Any], None], ...] = (
     staleness_needs_remote_env_runners,
     float16_needs_loss_scaling,
     reward_passes_its_check,
+    forks_need_a_copyable_environment,
 )
 """The rules between groups, run in this order once every group has checked its own fields;
 each raises a ValueError that names the fields."""

@@ -26,6 +26,11 @@ is once per prompt group (an LLM judge, a test runner that amortises its start):
 
 where an exception in place of one response's value fails that response alone.
 
+A function with a parameter named ``step_rewards`` also gets the rewards r_1..r_T that an
+environment (``environments.base``) gave the trajectory's actions, in order (a list per
+response where batched; empty lists without an environment); the ``environment`` entry
+(``core.rewards``) trains on their sum.
+
 A function may take ``*args, **kwargs``. An entry registered with ``takes_settings=True`` (the
 hierarchical reward, whose knobs are the rewards group's other fields) is also called with
 ``settings`` (the run's ``RewardSettings``) and ``tool_tags`` (the tags of the run's tools). An
@@ -57,6 +62,7 @@ from rllib_arpo.core.registry import Registry
 CALL_KEYWORDS = ("response", "row", "tool_calls")
 BATCHED_CALL_KEYWORDS = ("responses", "row", "tool_calls")
 SETTINGS_KEYWORDS = ("settings", "tool_tags")
+STEP_REWARDS_KEYWORD = "step_rewards"
 SPEC_KEYS = ("fn", "batched", "fallback")
 
 
@@ -129,7 +135,16 @@ class RewardFunction:
     def call_keywords(self) -> tuple[str, ...]:
         """The keyword arguments of a call besides the options."""
         keywords = BATCHED_CALL_KEYWORDS if self.batched else CALL_KEYWORDS
-        return keywords + SETTINGS_KEYWORDS if self.takes_settings else keywords
+        keywords += SETTINGS_KEYWORDS if self.takes_settings else ()
+        return keywords + (STEP_REWARDS_KEYWORD,) if self.takes_step_rewards else keywords
+
+    @property
+    def takes_step_rewards(self) -> bool:
+        """The function names a ``step_rewards`` parameter (module docstring)."""
+        try:
+            return STEP_REWARDS_KEYWORD in inspect.signature(self.fn).parameters
+        except (TypeError, ValueError):
+            return False
 
     def check_signature(self) -> None:
         """A ValueError naming ``reward.fn`` unless the function can take the call (a function
@@ -159,6 +174,7 @@ class RewardFunction:
         tool_calls: Sequence[Mapping[str, int]],
         settings: Any,
         tool_tags: Sequence[str],
+        step_rewards: Sequence[Sequence[float]] | None = None,
     ) -> list[RewardValue]:
         """The ``RewardValue`` of each response of one prompt group; never raises for the function.
 
@@ -167,21 +183,28 @@ class RewardFunction:
             row: the prompt's dataset row (module docstring).
             settings / tool_tags: the run's ``RewardSettings`` and tool tags, passed to an entry
                 that takes them.
+            step_rewards: ``step_rewards[i]``: the environment's rewards of response i's actions,
+                passed to a function that takes them (None: no environment, empty lists).
         """
         context = {"settings": settings, "tool_tags": tuple(tool_tags)} if self.takes_settings else {}
         call = functools.partial(self.fn, row=row, **context, **self.options)
+        steps = [list(rewards) for rewards in step_rewards] if step_rewards is not None else [[] for _ in responses]
         if not self.batched:
             return [
-                self._guarded(functools.partial(call, response=response, tool_calls=calls))
-                for response, calls in zip(responses, tool_calls)
+                self._guarded(functools.partial(call, response=response, tool_calls=calls, **self._steps(rewards)))
+                for response, calls, rewards in zip(responses, tool_calls, steps)
             ]
         try:
-            returned = call(responses=list(responses), tool_calls=list(tool_calls))
+            returned = call(responses=list(responses), tool_calls=list(tool_calls), **self._steps(steps))
         except Exception as error:
             return [self._failed(f"raised {_one_line(error)}")] * len(responses)
         if isinstance(returned, (str, bytes)) or not isinstance(returned, Sequence) or len(returned) != len(responses):
             return [self._failed(f"returned {reprlib.repr(returned)} for {len(responses)} responses")] * len(responses)
         return [self._guarded(functools.partial(_returned_or_raised, value)) for value in returned]
+
+    def _steps(self, step_rewards: list) -> dict[str, list]:
+        """``{"step_rewards": step_rewards}`` for a function that takes them, else nothing."""
+        return {STEP_REWARDS_KEYWORD: step_rewards} if self.takes_step_rewards else {}
 
     def _guarded(self, call: Callable[[], Any]) -> RewardValue:
         """The ``RewardValue`` of what ``call`` returns, or the fallback and why."""

@@ -428,6 +428,22 @@ def hierarchical(
     return {"reward": breakdown.reward, "correct": breakdown.correctness, **breakdown.components}
 
 
+@REWARDS.register("environment")
+def environment_return(
+    response: str,
+    row: Mapping[str, Any],
+    tool_calls: Mapping[str, int],
+    step_rewards: Sequence[float],
+    success_at: float = 1.0,
+) -> dict[str, float]:
+    """The ``environment`` reward entry: the return G = r_1 + ... + r_T of the rewards the
+    environment gave the trajectory's actions (undiscounted; the advantage estimators take one
+    reward per trajectory, so turns are not credited one by one). S = 1 where G >= ``success_at``
+    (a solved episode), else 0; ``steps`` is T."""
+    total = float(sum(step_rewards))
+    return {"reward": total, "correct": float(total >= success_at), "steps": float(len(step_rewards))}
+
+
 def hierarchical_reward(
     response: str,
     ground_truth: GroundTruth,

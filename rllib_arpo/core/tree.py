@@ -43,7 +43,10 @@ class Segment:
         parent: index of the parent segment in the tree, ``None`` when it follows the prompt.
         logprobs: log pi_old(token) at sampling time, one per token (model segments).
         entropies: token entropy H_t in nats, one per token (model segments).
-        tool_name: for tool segments, the tool whose result this is (``"search"``, ``"python"``).
+        tool_name: for tool segments, the tool whose result this is (``"search"``, ``"python"``),
+            or the action tag of the environment whose observation it is.
+        reward: for a model segment that ends with an environment's action, the reward r_t its
+            step returned; None elsewhere (and where the step failed).
     """
 
     token_ids: list[int]
@@ -52,6 +55,7 @@ class Segment:
     logprobs: list[float] | None = None
     entropies: list[float] | None = None
     tool_name: str | None = None
+    reward: float | None = None
 
     def __post_init__(self) -> None:
         self.kind = SegmentKind(self.kind)
@@ -151,6 +155,12 @@ class RolloutTree:
             for s in self.trajectory_segments(trajectory)
             if self.segments[s].kind is SegmentKind.TOOL
         )
+
+    def step_rewards(self, trajectory: int) -> list[float]:
+        """The rewards r_1..r_T the environment gave the trajectory's steps, in order (empty
+        without an environment)."""
+        segments = [self.segments[s] for s in self.trajectory_segments(trajectory)]
+        return [segment.reward for segment in segments if segment.reward is not None]
 
     def segment_members(self) -> list[list[int]]:
         """For each segment, the finished trajectories whose path contains it (sorted)."""

@@ -2,7 +2,7 @@
 
 - ``registry``: the dataset types (``DATASET_LOADERS``), ``load_dataset`` and ``dataset_documents``;
 - ``loaders``: the built-in types, one module each (``tir_task``, ``parquet``, ``jsonl``, ``reasoning_gym``,
-  ``verifiers``);
+  ``verifiers``, ``session_lookup``);
 - ``prompts``: how a prompt reaches the model (ARPO's system prompt, the chat template);
 - ``prompt_stream``: seeded, shuffled batches of one EnvRunner's shard;
 - ``dataset_tools``: the search tool's options for a dataset that brings its own corpus;
@@ -15,4 +15,4 @@ them.
 """
 
 from rllib_arpo import llm_judge  # noqa: F401  (registers the llm_judge reward)
-from rllib_arpo.data.loaders import jsonl, parquet, reasoning_gym, tir_task, verifiers  # noqa: F401  (registers the dataset types)
+from rllib_arpo.data.loaders import jsonl, parquet, reasoning_gym, session_lookup, tir_task, verifiers  # noqa: F401  (registers the dataset types)

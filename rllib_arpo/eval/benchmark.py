@@ -184,18 +184,22 @@ def evaluate_benchmarks(
 
 
 def _roll_out(engine, config, benchmark: Benchmark, **choices) -> tuple[list[QuestionResult], float]:
-    """``rollout_questions(..., **choices)`` of the benchmark's questions with its tools, and the
-    minutes it took."""
+    """``rollout_questions(..., **choices)`` of the benchmark's questions with its tools (and the
+    run's environment, where it has one), and the minutes it took."""
+    from rllib_arpo.rollout.episodes import with_environment
     from rllib_arpo.tools.base import ToolExecutor, build_tools
 
-    tools = ToolExecutor(
-        build_tools(benchmark.tools),
-        max_workers=config.tool_workers,
-        timeout_s=config.tool_timeout_s,
+    options, episodes = with_environment(
+        config.stateful_env, benchmark.tools, config.tool_workers, config.tool_timeout_s
     )
+    tools = ToolExecutor(build_tools(options), max_workers=config.tool_workers, timeout_s=config.tool_timeout_s)
     start = time.perf_counter()
-    with tools:
-        results = rollout_questions(engine, benchmark.examples, tools, **choices)
+    try:
+        with tools:
+            results = rollout_questions(engine, benchmark.examples, tools, episodes=episodes, **choices)
+    finally:
+        if episodes is not None:
+            episodes.close()
     return results, (time.perf_counter() - start) / 60
 
 

@@ -36,6 +36,7 @@ from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.data.prompts import encode_prompt
 from rllib_arpo.data.registry import DATASET_LOADERS, load_dataset
 from rllib_arpo.rollout.engine import GenerationEngine
+from rllib_arpo.rollout.episodes import Episodes
 from rllib_arpo.rollout.scoring import accuracy_by_source, score_trees
 from rllib_arpo.rollout.settings import RolloutSettings
 from rllib_arpo.rollout.tree_rollout import TreeRollout
@@ -90,24 +91,27 @@ def rollout_questions(
     seed: int,
     chunk_size: int = 64,
     progress: bool = False,
+    episodes: Episodes | None = None,
 ) -> list[QuestionResult]:
     """``samples`` scored trajectories of every question, rolled out ``chunk_size`` questions per
     ``TreeRollout.run`` call (chunk c uses seed ``seed + c``). Lengths and tool-call limits come
-    from ``rollout_settings``; the budget is ``samples`` trajectories per question, no branching."""
+    from ``rollout_settings``; the budget is ``samples`` trajectories per question, no branching;
+    ``episodes``: the run's environment, where it has one."""
     if not examples:
         raise ValueError("an evaluation needs at least one example")
     settings = dataclasses.replace(
         rollout_settings, total_rollouts=samples, initial_rollouts=samples, temperature=temperature, top_p=top_p
     )
-    rollout = TreeRollout(engine, tools, NoBranching(), settings)
+    rollout = TreeRollout(engine, tools, NoBranching(), settings, episodes)
     tokenizer = engine.tokenizer
     results = []
     chunks = range(0, len(examples), chunk_size)
     for chunk, begin in enumerate(tqdm(chunks, desc="questions", unit="chunk", disable=not progress)):
         batch = examples[begin : begin + chunk_size]
-        trees, _ = rollout.run([encode_prompt(tokenizer, example) for example in batch], seed=seed + chunk)
+        prompts, rows = [encode_prompt(tokenizer, example) for example in batch], [example.row() for example in batch]
+        trees, _ = rollout.run(prompts, seed=seed + chunk, rows=rows)
         for example, tree, scores in zip(
-            batch, trees, score_trees(trees, batch, tokenizer, reward_settings, tuple(tools.tools))
+            batch, trees, score_trees(trees, batch, tokenizer, reward_settings, rollout.tool_names)
         ):
             trajectories = range(tree.num_trajectories)
             results.append(
@@ -153,8 +157,10 @@ def evaluate_policy(
     temperature: float,
     seed: int,
     chunk_size: int = 64,
+    episodes: Episodes | None = None,
 ) -> dict[str, float]:
-    """The metrics of the module docstring for ``examples`` with one trajectory per question."""
+    """The metrics of the module docstring for ``examples`` with one trajectory per question
+    (``episodes``: the run's environment, where it has one)."""
     results = rollout_questions(
         engine,
         examples,
@@ -166,8 +172,10 @@ def evaluate_policy(
         top_p=rollout_settings.top_p,
         seed=seed,
         chunk_size=chunk_size,
+        episodes=episodes,
     )
-    return summarize(results, tuple(tools.tools))
+    tags = tuple(tools.tools) + ((episodes.spec.action_tag,) if episodes is not None else ())
+    return summarize(results, tags)
 
 
 def held_out_dataset(config) -> dict:
@@ -199,4 +207,5 @@ def evaluate_env_runner(runner) -> dict[str, float]:
         reward_settings=from_config(RewardSettings, cfg),
         temperature=cfg.held_out_temperature,
         seed=cfg.seed or 0,
+        episodes=runner.episodes,
     )

@@ -43,6 +43,7 @@ from rllib_arpo.data.prompt_stream import PromptStream
 from rllib_arpo.data.prompts import encode_prompt
 from rllib_arpo.data.registry import load_dataset
 from rllib_arpo.rollout.engine import ENGINES
+from rllib_arpo.rollout.episodes import with_environment
 from rllib_arpo.rollout.scoring import (
     accuracy_by_source,
     prompts_by_source,
@@ -142,13 +143,13 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         self.engine = build_engine(cfg)
         self.weight_receiver = WEIGHT_SYNCS.get(cfg.weight_sync).receiver(self.engine)
         self.tokenizer = self.engine.tokenizer
-        self.tools = ToolExecutor(
-            build_tools(tools_for_dataset(cfg.tools, cfg.dataset)),
-            max_workers=cfg.tool_workers,
-            timeout_s=cfg.tool_timeout_s,
+        tools, self.episodes = with_environment(
+            cfg.stateful_env, tools_for_dataset(cfg.tools, cfg.dataset), cfg.tool_workers, cfg.tool_timeout_s
         )
+        self.tools = ToolExecutor(build_tools(tools), max_workers=cfg.tool_workers, timeout_s=cfg.tool_timeout_s)
         settings = from_config(RolloutSettings, cfg)
-        self.rollout = TreeRollout(self.engine, self.tools, settings.branching_policy(), settings)
+        self.rollout = TreeRollout(self.engine, self.tools, settings.branching_policy(), settings, self.episodes)
+        self.tool_tags = self.rollout.tool_names
         self.reward_settings = from_config(RewardSettings, cfg)
         self.reward_error_logged = False  # the first failure of the reward is logged, the rest counted
         self.reference = None
@@ -185,8 +186,9 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         self.metrics.log_value("prompts_skipped_too_long", skipped, window=1)
         drawn = len(examples) + skipped  # skipped prompts were drawn from the shard too
         self.position = DataPosition(self.position.samples + 1, self.position.prompts + drawn)
-        trees, stats = self.rollout.run(prompts, seed=self._seed * 100_003 + self.position.samples)
-        scores = score_trees(trees, examples, self.tokenizer, self.reward_settings, tuple(self.tools.tools))
+        rows = [example.row() for example in examples]
+        trees, stats = self.rollout.run(prompts, seed=self._seed * 100_003 + self.position.samples, rows=rows)
+        scores = score_trees(trees, examples, self.tokenizer, self.reward_settings, self.tool_tags)
         rewards = training_rewards(trees, scores, self.reward_settings, cfg.max_response_tokens)
         token_kl = [self.reference.token_kl(tree) for tree in trees] if self.reference else None
         self._log_rollout_metrics(examples, trees, scores, rewards, stats, time.perf_counter() - start)
@@ -228,15 +230,15 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
             "tool_s": stats.tool_s,
             "weights_version": self.engine.weights_version,
         }
-        values.update({f"tool_calls_per_trajectory/{n}": tool_calls[n] / trajectories for n in self.tools.tools})
+        values.update({f"tool_calls_per_trajectory/{n}": tool_calls[n] / trajectories for n in self.tool_tags})
+        if stats.environment is not None:
+            values.update(stats.environment.metrics())
         values.update(reward_metrics(flat))
         first_error = next((score.error for score in flat if score.error is not None), None)
         if first_error is not None and not self.reward_error_logged:
             logger.warning("%s; scored with reward.fallback (counted in reward_errors, logged once)", first_error)
             self.reward_error_logged = True
-        values.update(
-            per_source_metrics([e.source for e in examples], scores, tree_tool_calls, tuple(self.tools.tools))
-        )
+        values.update(per_source_metrics([e.source for e in examples], scores, tree_tool_calls, self.tool_tags))
         values.update({f"finish_reason/{r}": c / trajectories for r, c in stats.finish_reasons.items()})
         values.update(self.tools.pop_metrics())
         for key, value in values.items():
@@ -293,5 +295,7 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
 
     def stop(self) -> None:
         self.tools.close()
+        if self.episodes is not None:
+            self.episodes.close()
         if hasattr(self.engine, "close"):
             self.engine.close()

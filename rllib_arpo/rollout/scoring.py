@@ -51,7 +51,8 @@ def score_trees(
             for i in range(tree.num_trajectories)
         ]
         tool_calls = [tree.tool_calls(i) for i in range(tree.num_trajectories)]
-        values = reward.score(responses, example.row(), tool_calls, settings, tool_tags)
+        step_rewards = [tree.step_rewards(i) for i in range(tree.num_trajectories)]
+        values = reward.score(responses, example.row(), tool_calls, settings, tool_tags, step_rewards)
         scores.append([_breakdown(response, value, tool_tags) for response, value in zip(responses, values)])
     return scores
 

@@ -15,6 +15,12 @@ For a batch of prompts, every round:
    TOOL segment ``" <result>...</result>"`` (loss-masked);
 4. a prompt whose paths have all ended is topped up with fresh trajectories until it has M.
 
+With an ``environment`` (``environments.base``), each prompt's row is reset first (its first
+observation ends the prompt), its action tag stops generation like a tool's, and an action is
+stepped in the trajectory's own instance (``rollout.episodes``): the observation is appended
+like a tool result, with the step's reward on its segment, and the environment's ``done`` ends
+the trajectory (``env_done``). A fork copies the parent's instance for each child.
+
 AEPO's entropy pre-monitoring (``aepo_pre_monitoring``) first samples one probe trajectory per
 prompt; its root entropy and mean post-tool entropy set the number m of global samples
 (``aepo_global_samples``), the remaining M - m go to branching.
@@ -32,6 +38,7 @@ from rllib_arpo.core.branching import BranchBudget, BranchingPolicy, aepo_global
 from rllib_arpo.core.entropy import window_mean_entropy
 from rllib_arpo.core.tree import RolloutTree, SegmentKind
 from rllib_arpo.rollout.engine import Generation, GenerationEngine, SamplingParams
+from rllib_arpo.rollout.episodes import EnvironmentStats, Episode, Episodes
 from rllib_arpo.rollout.settings import RolloutSettings
 from rllib_arpo.tools.base import ToolCall, ToolExecutor, encode_tool_result, find_tool_call
 
@@ -48,6 +55,7 @@ class _Path:
     consecutive_branches: int = 0
     may_branch: bool = True
     tool_entropies: list[float] = field(default_factory=list)
+    episode: Episode | None = None
 
 
 @dataclass
@@ -59,6 +67,7 @@ class RolloutStats:
     discarded_tokens: int = 0  # early_children: phase-1 tokens of would-be children whose fork was declined
     delta_entropies: list[float] = field(default_factory=list)
     finish_reasons: Counter = field(default_factory=Counter)
+    environment: EnvironmentStats | None = None
 
 
 def _can_branch(budget: BranchBudget | None) -> bool:
@@ -90,6 +99,7 @@ class TreeRollout:
         tools: ToolExecutor,
         branching: BranchingPolicy,
         settings: RolloutSettings,
+        episodes: Episodes | None = None,
     ):
         self.engine = engine
         self.tools = tools
@@ -98,21 +108,43 @@ class TreeRollout:
         self.early_children = (
             engine.prefers_early_children if settings.early_children is None else settings.early_children
         )
-        self.tool_names = tuple(tools.tools)
+        self.episodes = episodes
+        self.action_tag = episodes.spec.action_tag if episodes is not None else None
+        if self.action_tag in tools.tools:
+            raise ValueError(f"the environment acts with <{self.action_tag}>, which a tool names as well")
+        self.tool_names = tuple(tools.tools) + ((self.action_tag,) if self.action_tag else ())
+        """Every tag a call or an action may close: the tools' and the environment's."""
         self.stop_strings = tuple(f"</{name}>" for name in self.tool_names)
 
-    def run(self, prompts: list[list[int]], seed: int) -> tuple[list[RolloutTree], RolloutStats]:
+    def run(
+        self, prompts: list[list[int]], seed: int, rows: list[dict] | None = None
+    ) -> tuple[list[RolloutTree], RolloutStats]:
+        """The trees of ``prompts`` (token ids); with an environment, ``rows`` are the prompts'
+        dataset rows it is reset with."""
         s = self.settings
         rng = np.random.default_rng(seed)
         trees = [RolloutTree(prompt_ids=list(p)) for p in prompts]
         stats = RolloutStats()
+        roots = [None] * len(trees)
+        if self.episodes is not None:
+            if rows is None or len(rows) != len(prompts):
+                raise ValueError("a rollout over an environment needs one dataset row per prompt")
+            roots = self.episodes.start(rows)
+            for tree, root in zip(trees, roots):
+                first = root.observation if root.error is None else f"Error: reset failed: {root.error}"
+                if first:
+                    tree.prompt_ids += encode_tool_result(self.engine.tokenizer, first, s.max_tool_result_tokens)
+
+        def new_path(i: int, **kwargs) -> _Path:
+            return _Path(tree=i, episode=Episode(roots[i]) if roots[i] is not None else None, **kwargs)
+
         if s.aepo_pre_monitoring:
             budgets: list[BranchBudget | None] = [None] * len(trees)
-            active = [_Path(tree=i) for i in range(len(trees))]
+            active = [new_path(i) for i in range(len(trees))]
             probes = {path.tree: path for path in active}
         else:
             budgets = [BranchBudget(s.total_rollouts, s.global_samples, s.branch_factor) for _ in trees]
-            active = [_Path(tree=i) for i in range(len(trees)) for _ in range(s.global_samples)]
+            active = [new_path(i) for i in range(len(trees)) for _ in range(s.global_samples)]
 
         while active:
             stats.rounds += 1
@@ -125,11 +157,13 @@ class TreeRollout:
                     continue
                 if budgets[i] is None:
                     budgets[i] = self._budget_from_probe(probes[i])
-                    next_active += [_Path(tree=i) for _ in range(budgets[i].initial - 1)]
+                    next_active += [new_path(i) for _ in range(budgets[i].initial - 1)]
                 else:
                     fill = budgets[i].fill_count(tree.num_trajectories)
-                    next_active += [_Path(tree=i, may_branch=False) for _ in range(fill)]
+                    next_active += [new_path(i, may_branch=False) for _ in range(fill)]
             active = next_active
+        if self.episodes is not None:
+            stats.environment = self.episodes.pop_stats()
         return trees, stats
 
     # --- one generation round ---------------------------------------------------------------
@@ -291,33 +325,53 @@ class TreeRollout:
             h_initial=path.h_initial,
             tool_calls=path.tool_calls,
             tool_entropies=list(path.tool_entropies),
+            episode=path.episode.fork() if path.episode is not None else None,
         )
 
     def _finish(self, tree: RolloutTree, path: _Path, reason: str, stats: RolloutStats) -> None:
         tree.finish(path.node, reason)
         stats.finish_reasons[reason] += 1
 
-    # --- tools ----------------------------------------------------------------------------
+    # --- tools and the environment ---------------------------------------------------------
     def _run_tools(self, trees, pending: list[tuple[_Path, ToolCall]], stats) -> list[_Path]:
+        """Run the round's tool calls and environment actions and append what they answered;
+        returns the paths that go on."""
         if not pending:
             return []
+        calls = [(path, call) for path, call in pending if call.name != self.action_tag]
+        actions = [(path, call) for path, call in pending if call.name == self.action_tag]
         start = time.perf_counter()
-        results = self.tools.run([call for _, call in pending])
+        results = self.tools.run([call for _, call in calls])
         stats.tool_s += time.perf_counter() - start
-        tokenizer = self.engine.tokenizer
-        s = self.settings
         continuing = []
-        for (path, call), result in zip(pending, results):
+        for (path, call), result in zip(calls, results):
+            if self._append_answer(trees[path.tree], path, call.name, result.text, stats):
+                continuing.append(path)
+        outcomes = self.episodes.step([(path.episode, call.query) for path, call in actions]) if actions else []
+        for (path, call), outcome in zip(actions, outcomes):
             tree = trees[path.tree]
-            result_ids = encode_tool_result(tokenizer, result.text, s.max_tool_result_tokens)
-            if len(tree.response_ids(path.node)) + len(result_ids) >= s.max_response_tokens:
-                self._finish(tree, path, "length", stats)
+            tree.segments[path.node].reward = outcome.reward  # r_t of the action that ends this segment
+            if not self._append_answer(tree, path, call.name, outcome.observation, stats):
                 continue
-            path.node = tree.add_segment(path.node, result_ids, SegmentKind.TOOL, tool_name=call.name)
-            path.tool_calls += 1
-            path.after_tool = True
-            continuing.append(path)
-        return continuing
+            if outcome.error is not None or outcome.done:
+                self._finish(tree, path, "env_error" if outcome.error is not None else "env_done", stats)
+            else:
+                continuing.append(path)
+        order = {id(path): k for k, (path, _) in enumerate(pending)}
+        return sorted(continuing, key=lambda path: order[id(path)])
+
+    def _append_answer(self, tree, path: _Path, name: str, text: str, stats) -> bool:
+        """Append a tool's result or an environment's observation to the path as a TOOL segment;
+        False where it does not fit the response budget and the path ended (``length``)."""
+        s = self.settings
+        result_ids = encode_tool_result(self.engine.tokenizer, text, s.max_tool_result_tokens)
+        if len(tree.response_ids(path.node)) + len(result_ids) >= s.max_response_tokens:
+            self._finish(tree, path, "length", stats)
+            return False
+        path.node = tree.add_segment(path.node, result_ids, SegmentKind.TOOL, tool_name=name)
+        path.tool_calls += 1
+        path.after_tool = True
+        return True
 
     # --- AEPO pre-monitoring ---------------------------------------------------------------
     def _budget_from_probe(self, probe: _Path) -> BranchBudget:

@@ -185,6 +185,11 @@ class PythonTool:
             self._start_best_effort(refusal)
 
     def __call__(self, code: str) -> str:
+        return self.run(code)[0]
+
+    def run(self, code: str) -> tuple[str, bool]:
+        """The answer to ``code``, and whether the code ran to its end (an exception or
+        ``sys.exit`` ends it too) rather than being stopped at the timeout or by a signal."""
         with contextlib.ExitStack() as stack:
             uid = stack.enter_context(CallUid()) if self.as_root and self.sandbox != "off" else -1
             limits = (
@@ -212,7 +217,7 @@ class PythonTool:
                     stack.callback(self._kill_all_processes_of, uid)
                 command = self._command([], limits, -1, workdir)
                 stdout, stderr, returncode = self._execute(command, source, user=uid)
-        return self._format(stdout, stderr, returncode)
+        return self._format(stdout, stderr, returncode), returncode is not None and returncode >= 0
 
     def _command(self, prefix: list[str], limits: tuple[int, ...], uid: int, workdir: str) -> list[str]:
         """``prefix`` + the runner with ``limits`` (CPU seconds, address space bytes, processes,

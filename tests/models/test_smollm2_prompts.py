@@ -107,3 +107,67 @@ def test_a_rollout_with_multi_token_tags_calls_both_tools_and_scores_right(token
     merged = hierarchical_reward(response + ".", "337491", task="math", tool_calls={"search": 1, "python": 1})
     assert not merged.format_ok and "text after the final </answer>" in merged.format_reason
     assert torch.tensor(tree.trajectory_response_ids(0))[-1].item() == tokenizer.eos_token_id
+
+
+class Counter:
+    """A stateful environment for the prefix test: a count that each action adds to."""
+
+    action_tag = "add"
+    deterministic = True
+
+    def reset(self, row):
+        self.count = 0
+        return "count: 0 (add with <add> n </add>)"
+
+    def step(self, action):
+        self.count += int(action)
+        return f"count: {self.count}\n", 0.0, False, {}
+
+
+class RecordingEngine:
+    """Adds 2 twice, then answers; records every prefix it is asked to continue."""
+
+    weights_version = 0
+    prefers_early_children = False
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.prefixes = []
+
+    def generate(self, prefixes, params):
+        out = []
+        for prefix in prefixes:
+            self.prefixes.append(list(prefix))
+            response = self.tokenizer.decode(prefix).split("<|im_start|>assistant\n")[-1]
+            turn = response.count("</result>") - 1  # the first observation is a result too
+            text = " <add> 2 </add>" if turn < 2 else " <answer> \\boxed{4} </answer>"
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            stop = "</add>" if turn < 2 else None
+            ids += [] if stop else [self.tokenizer.eos_token_id]
+            out.append(Generation(ids, [0.0] * len(ids), [0.0] * len(ids), "stop" if stop else "eos", stop))
+        return out
+
+
+def test_each_turns_prompt_ids_are_a_prefix_of_the_next_turns(tokenizer):
+    """Across the turns of an episode in an environment, the engine continues the very ids it
+    generated and the observations appended to them: the chat history is never re-rendered."""
+    from rllib_arpo.environments.base import resolve_environment
+    from rllib_arpo.rollout.episodes import Episodes
+
+    example = load_dataset({"type": "tir_task", "seed": 0, "split": "test"})[0]
+    engine = RecordingEngine(tokenizer)
+    episodes = Episodes(resolve_environment({"name": f"{__name__}:Counter"}), max_workers=1, timeout_s=5.0)
+    settings = RolloutSettings(total_rollouts=1, initial_rollouts=1, max_response_tokens=400)
+    rollout = TreeRollout(engine, ToolExecutor({}), NoBranching(), settings, episodes)
+    [tree], _ = rollout.run([encode_prompt(tokenizer, example)], seed=0, rows=[example.row()])
+    first, second, third = engine.prefixes
+    assert first == encode_prompt(tokenizer, example) + tokenizer.encode(
+        " <result>count: 0 (add with <add> n </add>)</result>", add_special_tokens=False
+    )
+    assert second[: len(first)] == first and third[: len(second)] == second
+    assert tree.prompt_ids + tree.trajectory_response_ids(0) == third + tokenizer.encode(
+        " <answer> \\boxed{4} </answer>", add_special_tokens=False
+    ) + [tokenizer.eos_token_id]
+    assert tokenizer.decode(third[len(first) :]) == (
+        " <add> 2 </add> <result>count: 2\n</result> <add> 2 </add> <result>count: 4\n</result>"
+    )

@@ -241,7 +241,8 @@ def test_verl_parquet_and_gsm8k_jsonl_are_read_as_given():
 
 def test_dataset_errors_are_clear(tmp_path):
     with pytest.raises(
-        ValueError, match="unknown dataset type 'csv'; known: jsonl, parquet, reasoning_gym, tir_task, verifiers"
+        ValueError,
+        match="unknown dataset type 'csv'; known: jsonl, parquet, reasoning_gym, session_lookup, tir_task, verifiers",
     ):
         load_dataset({"type": "csv"})
     with pytest.raises(FileNotFoundError, match="does not exist"):

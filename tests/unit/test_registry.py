@@ -4,6 +4,7 @@ from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS
 from rllib_arpo.core.losses import LOSS_AGGREGATIONS, POLICY_LOSSES
 from rllib_arpo.core.registry import Registry
 from rllib_arpo.data.registry import DATASET_LOADERS
+from rllib_arpo.environments import ENVIRONMENTS
 from rllib_arpo.rollout.engine import ENGINES
 from rllib_arpo.tools.base import TOOLS
 from rllib_arpo.tools.search import SEARCH_BACKENDS
@@ -52,8 +53,9 @@ def test_an_unknown_name_lists_the_known_ones_with_the_closest_as_a_hint():
         (LOSS_AGGREGATIONS, ["seq-mean-token-mean", "seq-mean-token-sum", "token-mean"]),
         (TOOLS, ["browse", "python", "search"]),
         (SEARCH_BACKENDS, ["bm25", "cache", "http"]),
-        (DATASET_LOADERS, ["jsonl", "parquet", "reasoning_gym", "tir_task", "verifiers"]),
+        (DATASET_LOADERS, ["jsonl", "parquet", "reasoning_gym", "session_lookup", "tir_task", "verifiers"]),
         (ENGINES, ["hf", "vllm"]),
+        (ENVIRONMENTS, ["gymnasium", "python_session"]),
     ],
 )
 def test_every_concept_uses_the_one_registry_shape(registry, names):

@@ -1,7 +1,9 @@
 """The Python sandbox against hostile code, attack by attack: each test runs the attack in the
 sandbox (blocked, nothing left on the host) and, where that cannot harm the test run, with
 ``sandbox: off`` too (where it must succeed, so the attack itself is shown to work). Then the
-next call (``print(1+1)`` -> ``2``) still works. No assertion depends on the machine's speed."""
+next call (``print(1+1)`` -> ``2``) still works. The attacks that use the ``tool`` fixture run
+twice: through the python tool, and as the second cell of a ``python_session``. No assertion
+depends on the machine's speed."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from rllib_arpo.environments.python_session import PythonSession
 from rllib_arpo.tools import isolation, python_sandbox
 from rllib_arpo.tools.base import ToolCall, ToolExecutor
 from rllib_arpo.tools.isolation import SandboxUnavailable, user_namespace_filter
@@ -27,11 +30,31 @@ AS_ROOT = os.geteuid() == 0
 needs_namespaces = pytest.mark.skipif(not namespaces_available(), reason="namespaces refused here")
 
 
-@pytest.fixture(scope="module")
-def tool() -> PythonTool:
+LIMITS = {"timeout_s": 10, "memory_limit_mb": 256, "max_processes": 16, "tmp_size_mb": 8}
+
+
+class SessionCalls:
+    """The tool's calls made through the ``python_session`` environment: each call is a fresh
+    session with the same limits that runs one harmless cell, then the code, so that every
+    attack runs after a replayed cell; it answers with the code's observation."""
+
+    def __init__(self, interpreter: str):
+        self.interpreter = interpreter
+
+    def __call__(self, code: str) -> str:
+        session = PythonSession(**LIMITS)
+        session.reset({})
+        session.step("_warm = 1")
+        return session.step(code)[0]
+
+
+@pytest.fixture(scope="module", params=["tool", "session"])
+def tool(request) -> PythonTool | SessionCalls:
+    """Every attack runs through the python tool, and again through a Python session."""
     if not namespaces_available():
         pytest.skip("namespaces refused here")
-    return PythonTool(timeout_s=10, memory_limit_mb=256, max_processes=16, tmp_size_mb=8)
+    python = PythonTool(**LIMITS)
+    return python if request.param == "tool" else SessionCalls(python.interpreter)
 
 
 @pytest.fixture(scope="module")

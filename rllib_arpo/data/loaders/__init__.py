@@ -6,7 +6,9 @@
 - ``{"type": "reasoning_gym", "task": "basic_arithmetic"}``: a procedural task of the reasoning-gym
   library, with its scorer as the ``reasoning_gym`` reward (``reasoning_gym``, an optional extra);
 - ``{"type": "verifiers", "env": "my_env"}``: a single-turn environment of the verifiers library, with
-  its reward functions as the ``verifiers`` reward (``verifiers``, an optional extra).
+  its reward functions as the ``verifiers`` reward (``verifiers``, an optional extra);
+- ``{"type": "session_lookup", "size": 200}``: questions whose answer is a value that only the
+  ``python_session`` environment holds (``session_lookup``).
 
 Each registers itself in ``data.registry.DATASET_LOADERS`` when imported (``rllib_arpo.data``
 imports them all). A row of a file without a field it needs raises ``rows.BadRow``.

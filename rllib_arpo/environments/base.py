@@ -1,0 +1,127 @@
+"""Environments with state: the protocol, the registry, and how the config names one.
+
+A *tool* (``tools.base``) is a function from a call's text to a result text, so forking a
+trajectory after a call copies nothing but tokens. An *environment* holds state that the agent's
+actions change (a Python session, a game, a file system): each trajectory has its own instance,
+and a fork of the rollout tree needs a copy of it.
+
+The protocol, for a class named by the config's ``stateful_env`` (``{name: ..., **options}``,
+``name`` a registered name or ``module:Class``; the options are its constructor's keywords)::
+
+    action_tag: str                   # the policy acts by writing <action_tag>action</action_tag>
+    deterministic: bool               # the same row and actions give the same observations
+    reset(row: dict) -> str           # starts an episode for a dataset row; the first observation
+    step(action: str) -> (observation: str, reward: float, done: bool, info: dict)
+    clone() -> Environment            # optional: an independent copy in the same state
+    close() -> None                   # optional: frees what the instance holds
+
+``reset`` must give the same first observation for the same row (a row that needs randomness
+carries its seed): that observation is appended to the prompt, which every trajectory of the row
+shares. Where it is not empty it follows the question in the user message, after a blank line.
+
+Forks copy the environment with ``clone()`` where the class has it, else by *replay*: a fresh
+instance is reset with the row and given the branch's actions again, which is right only for a
+``deterministic`` environment. One that can do neither may still run without forks
+(``branching: none``); the config check says so before anything starts (``can_fork``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from rllib_arpo.core.registry import Registry
+from rllib_arpo.core.reward_functions import import_function
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """What the tree rollout needs from an environment (module docstring)."""
+
+    action_tag: str
+    deterministic: bool
+
+    def reset(self, row: Mapping[str, Any]) -> str: ...
+
+    def step(self, action: str) -> tuple[str, float, bool, dict]: ...
+
+
+ENVIRONMENTS: Registry[type] = Registry("environment")
+"""Environment name -> class. Filled by ``ENVIRONMENTS.register`` when its module is imported."""
+
+
+@dataclass(frozen=True)
+class EnvironmentSpec:
+    """An environment as the config names it: its class and the options it is built with.
+
+    Attributes:
+        name: the config's ``name``, for messages.
+        cls: the class; ``cls(**options)`` is one instance.
+        options: the config's other keys.
+        action_tag: the tag the policy acts with (read from an instance).
+        can_clone: the class has ``clone()``.
+        deterministic: the class says replaying its actions gives the same observations.
+    """
+
+    name: str
+    cls: type
+    options: Mapping[str, Any] = field(default_factory=dict)
+    action_tag: str = ""
+    can_clone: bool = False
+    deterministic: bool = False
+
+    @property
+    def can_fork(self) -> bool:
+        """A branch can get its own copy: by ``clone()``, or by replay of a deterministic one."""
+        return self.can_clone or self.deterministic
+
+    @property
+    def fork_method(self) -> str:
+        """How a fork copies the environment: ``clone``, ``replay``, or ``none``."""
+        return "clone" if self.can_clone else "replay" if self.deterministic else "none"
+
+    def build(self) -> Environment:
+        """A new instance, not yet reset."""
+        return self.cls(**self.options)
+
+
+def resolve_environment(spec: Any) -> EnvironmentSpec | None:
+    """The ``EnvironmentSpec`` the config's ``stateful_env`` names (None for none); a ValueError
+    names the key at fault: an unknown name, a path that does not import, options its constructor
+    does not take, or an instance without the protocol's members."""
+    if spec is None:
+        return None
+    if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str):
+        raise ValueError(
+            f"stateful_env: expected a mapping with 'name' (a registered environment or module:Class), got {spec!r}"
+        )
+    name = spec["name"]
+    options = {key: value for key, value in spec.items() if key != "name"}
+    cls = import_function(name, "stateful_env.name") if ":" in name else ENVIRONMENTS.get(name)
+    try:
+        inspect.signature(cls).bind(**options)
+    except TypeError as error:
+        raise ValueError(f"stateful_env: bad options for {name!r} {options}: {error}") from None
+    try:
+        instance = cls(**options)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"stateful_env: {name!r} rejects its options: {error}") from None
+    missing = [member for member in ("reset", "step") if not callable(getattr(instance, member, None))]
+    tag = getattr(instance, "action_tag", None)
+    if missing:
+        raise ValueError(f"stateful_env: {name!r} has no {' or '.join(missing)}() (rllib_arpo.environments.base)")
+    if not isinstance(tag, str) or not tag.isidentifier():
+        raise ValueError(f"stateful_env: {name!r} needs an action_tag that is a name, like 'move', got {tag!r}")
+    close = getattr(instance, "close", None)
+    if callable(close):
+        close()
+    return EnvironmentSpec(
+        name,
+        cls,
+        options,
+        tag,
+        can_clone=callable(getattr(instance, "clone", None)),
+        deterministic=bool(getattr(instance, "deterministic", False)),
+    )

@@ -1,0 +1,264 @@
+"""Environments with state in the tree rollout: the protocol's config form, copies at forks (clone
+and replay agree, a branch never sees its sibling's state), step rewards on the trajectory, and an
+environment that raises, hangs or answers wrongly ending only its own trajectory.
+
+The engine and tokenizer are test_tree_rollout's (one token per character, scripted turns; the
+engine's turn r answers a prefix holding r results, and the first observation ends the prompt
+as a result, so turn 0 is never written).
+``Walk`` is a small deterministic environment with hidden random state: a position that each
+action moves by its number plus a draw of the instance's own generator, seeded by the row.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import numpy as np
+import pytest
+
+from rllib_arpo.core.reward_functions import resolve_reward
+from rllib_arpo.core.rewards import RewardSettings
+from rllib_arpo.environments.base import EnvironmentSpec, resolve_environment
+from rllib_arpo.rollout.episodes import Episode, Episodes
+from rllib_arpo.rollout.settings import RolloutSettings
+from rllib_arpo.rollout.tree_rollout import TreeRollout
+from rllib_arpo.tools.base import ToolExecutor
+from tests.unit.test_tree_rollout import TOKENIZER, WINDOW, FixedBranching, ScriptedEngine, Turn
+
+MOVE = "<move>2</move>"
+UNUSED = Turn("", 0.0)
+RESULT = " <result>{}</result>"
+
+
+class Walk:
+    """Position 0 at reset; ``step("k")`` moves by k + a draw in {0, 1, 2} of a generator seeded by
+    the row's ``seed``; observation ``"at <position>"``; reward 1 and done on reaching ``goal``."""
+
+    action_tag = "move"
+    deterministic = True
+
+    def __init__(self, goal: int = 100):
+        self.goal = goal
+
+    def reset(self, row):
+        self.position, self.rng = 0, np.random.default_rng(row["seed"])
+        return f"start {row['seed']}"
+
+    def step(self, action):
+        self.position += int(action) + int(self.rng.integers(0, 3))
+        done = self.position >= self.goal
+        return f"at {self.position}", float(done), done, {}
+
+
+class ClonableWalk(Walk):
+    def clone(self):
+        return copy.deepcopy(self)
+
+
+def spec(cls=ClonableWalk, **options) -> EnvironmentSpec:
+    return resolve_environment({"name": f"{__name__}:{cls.__name__}", **options})
+
+
+def walk_observations(seed: int, actions: list[str]) -> list[str]:
+    """What a fresh ``Walk`` answers to ``actions``: the reference every copy must match."""
+    env = Walk()
+    env.reset({"seed": seed})
+    return [env.step(action)[0] for action in actions]
+
+
+# --- the config form ------------------------------------------------------------------------
+def test_the_spec_reads_tag_clone_and_determinism_from_the_class():
+    clonable, replayed = spec(ClonableWalk), spec(Walk)
+    assert (clonable.action_tag, clonable.fork_method, replayed.fork_method) == ("move", "clone", "replay")
+    assert spec(ClonableWalk, goal=3).build().goal == 3
+    assert resolve_environment(None) is None
+
+
+class Dice(Walk):
+    deterministic = False
+
+
+class Untagged(Walk):
+    action_tag = "two words"
+
+
+@pytest.mark.parametrize(
+    ("environment", "message"),
+    [
+        ({"name": "no_such_env"}, "unknown environment 'no_such_env'"),
+        ({"name": f"{__name__}:Nowhere"}, "stateful_env.name: cannot import"),
+        ({"name": f"{__name__}:Walk", "speed": 3}, "stateful_env: bad options for"),
+        ({"name": f"{__name__}:Untagged"}, "needs an action_tag that is a name"),
+        ("walk", "expected a mapping with 'name'"),
+    ],
+)
+def test_a_bad_environment_is_one_line_naming_it(environment, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_environment(environment)
+
+
+def test_an_environment_that_cannot_be_copied_must_run_without_forks(small_config):
+    from rllib_arpo.config_rules import validate_config
+
+    config = small_config.tool_use(stateful_env={"name": f"{__name__}:Dice"})
+    with pytest.raises(ValueError, match="has no clone\\(\\) and is not deterministic.*set branching: none"):
+        validate_config(config)
+    validate_config(config.rollouts(branching="none"))
+
+
+# --- copies: clone and replay agree, branches are independent -----------------------------
+@pytest.mark.parametrize("cls", [ClonableWalk, Walk], ids=["clone", "replay"])
+def test_copies_see_what_the_original_saw_and_branches_never_see_each_other(cls):
+    """Property over random action sequences: a child forked after k actions observes, for any
+    later actions, exactly what a fresh instance given the whole sequence observes, whichever way
+    it was copied; and its steps never reach its parent (or sibling)."""
+    rng = np.random.default_rng(0)
+    episodes = Episodes(spec(cls), max_workers=4, timeout_s=5.0)
+    for _ in range(30):
+        seed = int(rng.integers(1000))
+        [root] = episodes.start([{"seed": seed}])
+        head = [str(a) for a in rng.integers(0, 5, size=int(rng.integers(1, 5)))]
+        parent = Episode(root)
+        for action in head:
+            episodes.step([(parent, action)])
+        left, right = parent.fork(), parent.fork()
+        tail_left = [str(a) for a in rng.integers(0, 5, size=3)]
+        tail_right = [str(a) for a in rng.integers(0, 5, size=3)]
+        for a, b in zip(tail_left, tail_right):  # siblings and parent step in the same rounds
+            episodes.step([(left, a), (right, b), (parent, a)])
+        assert left.observations == walk_observations(seed, head + tail_left)
+        assert right.observations == walk_observations(seed, head + tail_right)
+        assert parent.observations == left.observations
+    stats = episodes.pop_stats()
+    assert (stats.forks, stats.errors, stats.replay_mismatches) == (60, 0, 0)
+    if cls is ClonableWalk:  # each parent clones its root, each child its parent
+        assert (stats.clones, stats.replays, stats.resets) == (90, 0, 30)
+    else:  # each parent resets a fresh instance (a replay of no action), each child replays its head
+        assert (stats.clones, stats.replays, stats.resets) == (0, 60, 30 + 30 + 60)
+
+
+class Forgetful(Walk):
+    """Claims to be deterministic but draws from an unseeded generator."""
+
+    def reset(self, row):
+        super().reset(row)
+        self.rng = np.random.default_rng()
+        return "start"
+
+
+def test_a_replay_that_diverges_ends_the_branch_with_an_error_not_a_wrong_state():
+    episodes = Episodes(spec(Forgetful), max_workers=2, timeout_s=5.0)
+    [root] = episodes.start([{"seed": 0}])
+    parent = Episode(root)
+    for _ in range(8):  # 3^8 sequences: the replay draws the same ones with probability 3^-8
+        episodes.step([(parent, "1")])
+    [outcome] = episodes.step([(parent.fork(), "1")])
+    assert outcome.error == "replaying the branch's actions gave other observations" and outcome.done
+    assert episodes.pop_stats().replay_mismatches == 1
+
+
+# --- the tree rollout over an environment -------------------------------------------------
+def walk_rollout(environment: EnvironmentSpec, branch: bool, **settings):
+    """Every path moves twice, then answers; the walk's goal is out of reach."""
+    engine = ScriptedEngine([UNUSED, Turn(MOVE, 0.25), Turn(MOVE, 0.75), Turn("<answer>7</answer>", 0.5, "eos")])
+    tools = ToolExecutor({}, max_workers=2, timeout_s=5.0)
+    episodes = Episodes(environment, max_workers=4, timeout_s=5.0)
+    settings = RolloutSettings(**{"entropy_window": WINDOW, "max_response_tokens": 300, **settings})
+    return TreeRollout(engine, tools, FixedBranching(branch), settings, episodes)
+
+
+@pytest.mark.parametrize("cls", [ClonableWalk, Walk], ids=["clone", "replay"])
+def test_forked_trajectories_each_observe_their_own_copy(cls):
+    rollout = walk_rollout(spec(cls, goal=100), branch=True, total_rollouts=4, initial_rollouts=2, max_tool_calls=2)
+    [tree], stats = rollout.run([TOKENIZER.encode("Q:")], seed=0, rows=[{"seed": 7}])
+    assert TOKENIZER.decode(tree.prompt_ids) == "Q:" + RESULT.format("start 7")
+    expected = MOVE + RESULT.format("{}") + MOVE + RESULT.format("{}") + "<answer>7</answer>"
+    reference = walk_observations(7, ["2", "2"])
+    for i in range(tree.num_trajectories):
+        assert TOKENIZER.decode(tree.trajectory_response_ids(i)) == expected.format(*reference)
+        assert tree.step_rewards(i) == [0.0, 0.0]
+    assert tree.num_trajectories == 4 and tree.num_branch_points() >= 2
+    env = stats.environment
+    copies = env.clones if cls is ClonableWalk else env.resets + env.replays - 1  # minus the root's reset
+    assert (env.forks, env.steps, env.errors, env.done) == (2, 2 * 2 + 2 * 1, 0, 0)  # children fork after step 1
+    assert copies == 4 if cls is ClonableWalk else (env.replays, env.replayed_steps) == (2, 2)
+
+
+def test_the_environments_done_ends_the_trajectory_and_its_rewards_reach_the_reward():
+    rollout = walk_rollout(spec(ClonableWalk, goal=3), branch=False, total_rollouts=2, initial_rollouts=2)
+    [tree], stats = rollout.run([TOKENIZER.encode("Q:")], seed=0, rows=[{"seed": 7}])
+    [first] = walk_observations(7, ["2"])
+    position = int(first.split()[1])
+    steps = 1 if position >= 3 else 2
+    assert tree.finish_reasons == ["env_done", "env_done"]
+    assert [tree.step_rewards(i) for i in range(2)] == [[0.0] * (steps - 1) + [1.0]] * 2
+    reward = resolve_reward({"fn": "environment"})
+    values = reward.score(["r", "r"], {}, [{}, {}], RewardSettings(), (), [tree.step_rewards(i) for i in range(2)])
+    assert [(v.reward, v.correct, v.components["steps"]) for v in values] == [(1.0, 1.0, float(steps))] * 2
+    assert stats.environment.metrics()["env/done"] == 2.0
+
+
+# --- environments that misbehave ----------------------------------------------------------
+class Broken(ClonableWalk):
+    """Misbehaves on the action named by the row: raises, hangs, or returns a number as observation."""
+
+    def reset(self, row):
+        self.fault = row["fault"]
+        return super().reset(row)
+
+    def step(self, action):
+        if self.fault == "raises":
+            raise RuntimeError("the board is on fire")
+        if self.fault == "hangs":
+            time.sleep(30)
+        if self.fault == "number":
+            return 42, 0.0, False, {}
+        return super().step(action)
+
+
+@pytest.mark.parametrize(
+    ("fault", "error"),
+    [
+        ("raises", "step raised RuntimeError: the board is on fire"),
+        ("hangs", "step timed out after 0.5 s"),
+        ("number", "step returned the observation 42, not a string"),
+    ],
+)
+def test_a_misbehaving_step_ends_its_trajectory_with_an_error_and_the_rest_go_on(fault, error):
+    engine = ScriptedEngine([UNUSED, Turn(MOVE, 0.25), Turn("<answer>7</answer>", 0.5, "eos")])
+    tools = ToolExecutor({}, max_workers=2, timeout_s=5.0)
+    episodes = Episodes(spec(Broken), max_workers=4, timeout_s=0.5)
+    settings = RolloutSettings(total_rollouts=2, initial_rollouts=2, entropy_window=WINDOW, max_response_tokens=300)
+    rollout = TreeRollout(engine, tools, FixedBranching(False), settings, episodes)
+    rows = [{"seed": 1, "fault": fault}, {"seed": 1, "fault": "none"}]
+    (broken, healthy), rollout_stats = rollout.run([TOKENIZER.encode("Q:")] * 2, seed=0, rows=rows)
+    observation = f"Error: environment '{__name__}:Broken' {error}"
+    assert [TOKENIZER.decode(broken.trajectory_response_ids(i)) for i in range(2)] == [
+        MOVE + RESULT.format(observation)
+    ] * 2
+    assert broken.finish_reasons == ["env_error"] * 2 and broken.step_rewards(0) == []
+    assert healthy.finish_reasons == ["eos"] * 2 and healthy.step_rewards(0) == [0.0]
+    stats = rollout_stats.environment
+    assert (stats.errors, stats.timeouts) == (2, 2 if fault == "hangs" else 0)
+
+
+class NoReset(ClonableWalk):
+    def reset(self, row):
+        raise KeyError("seed")
+
+
+def test_a_reset_that_fails_is_the_prompts_observation_and_ends_every_trajectory_at_its_first_action():
+    rollout = walk_rollout(spec(NoReset), branch=False, total_rollouts=2, initial_rollouts=2)
+    [tree], stats = rollout.run([TOKENIZER.encode("Q:")], seed=0, rows=[{}])
+    observation = "Error: reset failed: reset raised KeyError: 'seed'"
+    assert TOKENIZER.decode(tree.prompt_ids) == "Q:" + RESULT.format(observation)
+    assert tree.finish_reasons == ["env_error"] * 2
+    assert stats.environment.errors == 1  # the root's reset, once
+
+
+def test_a_tool_and_the_environment_may_not_share_a_tag():
+    tools = ToolExecutor({"move": lambda query: "moved"}, max_workers=1, timeout_s=1.0)
+    episodes = Episodes(spec(), max_workers=1, timeout_s=1.0)
+    with pytest.raises(ValueError, match="the environment acts with <move>, which a tool names as well"):
+        TreeRollout(ScriptedEngine([Turn(MOVE, 0.25)]), tools, FixedBranching(False), RolloutSettings(), episodes)
