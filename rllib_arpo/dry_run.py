@@ -264,6 +264,35 @@ def prompts_section(planned: PlannedExperiment) -> str:
     return "\n".join(lines)
 
 
+@dry_run_section("environment")
+def environment_section(planned: PlannedExperiment) -> str:
+    """The environment with state (``stateful_env``): how the policy acts on it, how forks copy
+    it, and the first observation of the first training row, which ends that row's prompt."""
+    from rllib_arpo.data.registry import load_dataset
+    from rllib_arpo.environments import resolve_environment
+
+    config = planned.config
+    spec = resolve_environment(config.stateful_env)
+    if spec is None:
+        return "none (stateful_env: null): the tools answer each call afresh"
+    row = load_dataset(config.dataset)[0].row()
+    env = spec.build()
+    try:
+        first = env.reset(row)
+    finally:
+        if callable(getattr(env, "close", None)):
+            env.close()
+    forks = {"clone": "by clone()", "replay": "by replaying the branch's actions into a fresh instance"}
+    tag = spec.action_tag
+    lines = [
+        f"{spec.name}: the policy acts with <{tag}>...</{tag}>, each trajectory in its own copy",
+        f"forks copy it {forks[spec.fork_method]}" if spec.can_fork else "forks cannot copy it: branching: none only",
+        "first observation of the first training row (it ends the row's prompt):",
+        visible(first) if first else "(empty: nothing is added to the prompt)",
+    ]
+    return "\n".join(lines)
+
+
 def visible(text: str) -> str:
     """``text`` with every control character but newline and tab written as ``\\xNN``."""
     return "".join(f"\\x{ord(c):02x}" if unicodedata.category(c) == "Cc" and c not in "\n\t" else c for c in text)

@@ -84,6 +84,7 @@ MODELS_TO_BRING = {
     "arpo_qwen_nodes.yaml",
     "arpo_smollm2.yaml",
     "arpo_smollm2_arithmetic.yaml",
+    "arpo_smollm2_session.yaml",
 }
 """Tuned examples whose model_path is the user's own directory (a Qwen2.5 checkpoint, the cold start)."""
 

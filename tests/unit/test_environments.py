@@ -42,8 +42,9 @@ class Walk:
         self.goal = goal
 
     def reset(self, row):
-        self.position, self.rng = 0, np.random.default_rng(row["seed"])
-        return f"start {row['seed']}"
+        seed = row.get("seed", 0)
+        self.position, self.rng = 0, np.random.default_rng(seed)
+        return f"start {seed}"
 
     def step(self, action):
         self.position += int(action) + int(self.rng.integers(0, 3))
@@ -105,6 +106,19 @@ def test_an_environment_that_cannot_be_copied_must_run_without_forks(small_confi
     with pytest.raises(ValueError, match="has no clone\\(\\) and is not deterministic.*set branching: none"):
         validate_config(config)
     validate_config(config.rollouts(branching="none"))
+
+
+def test_the_dry_run_shows_how_the_environment_is_acted_on_copied_and_first_seen(small_config):
+    from rllib_arpo.dry_run import PlannedExperiment, environment_section
+
+    assert environment_section(PlannedExperiment("none", {}, small_config, 1)).startswith("none (stateful_env: null)")
+    config = small_config.tool_use(stateful_env={"name": f"{__name__}:Walk"})
+    assert environment_section(PlannedExperiment("walk", {}, config, 1)).splitlines() == [
+        f"{__name__}:Walk: the policy acts with <move>...</move>, each trajectory in its own copy",
+        "forks copy it by replaying the branch's actions into a fresh instance",
+        "first observation of the first training row (it ends the row's prompt):",
+        "start 0",
+    ]
 
 
 # --- copies: clone and replay agree, branches are independent -----------------------------
