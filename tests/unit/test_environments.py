@@ -19,8 +19,10 @@ import pytest
 
 from rllib_arpo.core.reward_functions import resolve_reward
 from rllib_arpo.core.rewards import RewardSettings
+from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.environments.base import EnvironmentSpec, resolve_environment
 from rllib_arpo.rollout.episodes import Episode, Episodes
+from rllib_arpo.rollout.scoring import score_trees
 from rllib_arpo.rollout.settings import RolloutSettings
 from rllib_arpo.rollout.tree_rollout import TreeRollout
 from rllib_arpo.tools.base import ToolExecutor
@@ -211,6 +213,19 @@ def test_the_environments_done_ends_the_trajectory_and_its_rewards_reach_the_rew
     values = reward.score(["r", "r"], {}, [{}, {}], RewardSettings(), (), [tree.step_rewards(i) for i in range(2)])
     assert [(v.reward, v.correct, v.components["steps"]) for v in values] == [(1.0, 1.0, float(steps))] * 2
     assert stats.environment.metrics()["env/done"] == 2.0
+    # scored as the EnvRunner scores: the trajectories' step rewards reach the reward
+    example = PromptExample("Q:", "7", "math", "walk")
+    scores = score_trees(
+        [tree], [example], DecodingTokenizer(), RewardSettings(reward={"fn": "environment"}), ("move",)
+    )
+    assert [(score.reward, score.correctness) for score in scores[0]] == [(1.0, 1.0)] * 2
+
+
+class DecodingTokenizer:
+    """The character tokenizer with the ``skip_special_tokens`` keyword scoring passes."""
+
+    def decode(self, token_ids, skip_special_tokens=False):
+        return TOKENIZER.decode(token_ids)
 
 
 # --- environments that misbehave ----------------------------------------------------------
