@@ -113,8 +113,10 @@ def test_dry_run_of_the_paper_config_checks_all_and_prints_resources_and_prompts
     sections = [line for line in out.splitlines() if line.startswith("== ")]
     assert sections == [
         "== experiment ==", "== resources ==", "== learner memory ==", "== response budget ==", "== prompts ==",
+        "== environment ==",
     ]  # fmt: skip
     assert "== response budget ==\ndataset type 'parquet' declares no reference solutions" in out
+    assert "== environment ==\nnone (stateful_env: null): the tools answer each call afresh" in out
     # 1 CPU for the algorithm, 2 EnvRunners with 1 CPU and 1 GPU each, 2 learners with 1 GPU each
     assert "one trial asks Ray for 3 CPU, 4 GPU (placement group, strategy PACK)" in out
     layout = "2 x torch learner, dtype bfloat16, packing tree, micro_batch_tokens 4096"

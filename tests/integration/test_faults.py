@@ -24,10 +24,10 @@ class DiesInItsSecondSample(ARPOEnvRunner):
         super().__init__(**kwargs)
         log, run, generate = Path(self.log_dir), self.rollout.run, self.engine.generate
 
-        def run_and_record(prompts, seed):
+        def run_and_record(prompts, seed, rows=None):
             with open(log / "rollouts_started.jsonl", "a") as out:
                 out.write(json.dumps({"runner": self.worker_index, "prompts": prompts}) + "\n")
-            return run(prompts, seed)
+            return run(prompts, seed, rows)
 
         def generate_or_die(*args, **kwargs):
             if self.worker_index == 1 and self.position.samples == 2 and not (log / "killed").exists():

@@ -82,11 +82,11 @@ class WaitsInItsSecondSampleForItsNodeToGo(ARPOEnvRunner):
         super().__init__(**kwargs)
         waiting, run = Path(self.log_dir) / "waiting_in_second_sample", self.rollout.run
 
-        def run_or_wait(prompts, seed):
+        def run_or_wait(prompts, seed, rows=None):
             if self.worker_index == 1 and self.position.samples == 2 and not waiting.exists():
                 waiting.touch()
                 time.sleep(NODE_GONE_TIMEOUT_S)  # the node goes away meanwhile, and this process with it
-            return run(prompts, seed)
+            return run(prompts, seed, rows)
 
         self.rollout.run = run_or_wait
 
