@@ -219,7 +219,8 @@ def test_a_dry_run_needs_only_the_models_config_json(tmp_path, capsys):
     skipped = "model_path holds no tokenizer (a config.json alone checks everything else)"
     assert f"rows of 512 tokens (0, prompts not measured: {skipped}, + 512, max_response_tokens):" in out
     assert f"== response budget ==\nskipped: {skipped}\n" in out
-    assert out.endswith(f"== prompts ==\nskipped: {skipped}\n")
+    assert f"== prompts ==\nskipped: {skipped}\n" in out
+    assert out.endswith("== environment ==\nnone (stateful_env: null): the tools answer each call afresh\n")
 
 
 def test_relative_paths_resolve_against_the_file_then_the_launch_directory(tmp_path, monkeypatch):
@@ -295,7 +296,7 @@ def test_a_dry_run_section_is_one_decorated_function(monkeypatch):
     from rllib_arpo import dry_run
 
     assert [title for title, _ in dry_run.DRY_RUN_SECTIONS] == [
-        "experiment", "resources", "learner memory", "response budget", "prompts",
+        "experiment", "resources", "learner memory", "response budget", "prompts", "environment",
     ]  # fmt: skip
     monkeypatch.setattr(dry_run, "DRY_RUN_SECTIONS", [])
 
