@@ -20,6 +20,7 @@ abandoned to its daemon thread.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import reprlib
@@ -130,10 +131,7 @@ class EnvironmentStats:
     step_rewards: list[float] = field(default_factory=list)
 
     def metrics(self) -> dict[str, float]:
-        counts = {name: float(getattr(self, name)) for name in ("forks", "clones", "replays", "replayed_steps")}
-        counts.update({name: float(getattr(self, name)) for name in ("resets", "steps", "copy_s", "step_s")})
-        counts.update({name: float(getattr(self, name)) for name in ("errors", "timeouts", "replay_mismatches")})
-        counts["done"] = float(self.done)
+        counts = {f.name: float(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "step_rewards"}
         counts["step_reward_mean"] = sum(self.step_rewards) / len(self.step_rewards) if self.step_rewards else 0.0
         return {f"env/{name}": value for name, value in counts.items()}
 
