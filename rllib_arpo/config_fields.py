@@ -275,9 +275,10 @@ class LearnerSettings:
         "NCCL untested without a GPU).",
     )
     logprob_chunk_size: int | None = setting(
-        None,
+        1024,
         "Log-probabilities over this many tokens at a time, each chunk's logits recomputed in the backward pass, so "
-        "no [tokens, vocab] float32 tensor is held; null: all at once.",
+        "no [tokens, vocab] float32 tensor is held (SmolLM2-135M: also faster, scripts/bench_memory.py); null: all "
+        "at once.",
     )
     packing: str = setting(
         "tree",

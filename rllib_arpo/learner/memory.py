@@ -26,6 +26,8 @@ copy and its gradient); with ``logprob_chunk_size`` c, c * V * (b + 8).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import math
 import os
 from dataclasses import dataclass, fields
@@ -248,3 +250,14 @@ def out_of_memory_advice(config: Any, rows: int, length: int) -> str:
     except Exception:  # the estimate is a help, never a second error
         pass
     return "\n".join(lines)
+
+
+def release_freed_memory() -> bool:
+    """Hands back to the operating system the memory that freed CPU tensors left in the C
+    allocator's free lists (glibc's ``malloc_trim(0)``). Without it an update's activations, once
+    freed, stay resident: SmolLM2-135M's learner process kept 7.7 GiB between updates for 3.2 GiB
+    of weights, gradients, AdamW states and reference model (``scripts/bench_memory.py``).
+    Returns whether memory was released (False where the C library is not glibc)."""
+    libc = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
+    return bool(trim(0)) if trim is not None else False

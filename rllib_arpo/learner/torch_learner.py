@@ -19,8 +19,11 @@ with one all-reduce) and each learner's loss is multiplied by their number, so t
 gradient is exactly the one-learner gradient of the whole batch, not a mean of per-shard means.
 
 Old log-probabilities: ``old_logprob_source: engine`` takes pi_old from the engine that sampled the
-tokens; ``learner`` first recomputes them with the learner's own forward pass (no gradient) and
-keeps the engine's under ``sampler_logprobs`` for truncated importance sampling (``tis_cap``).
+tokens; ``learner`` takes the learner's own and keeps the engine's under ``sampler_logprobs`` for
+truncated importance sampling (``tis_cap``). Where the update is one pass (one epoch of one
+minibatch: no optimizer step before any micro-batch's forward) pi_old is pi_theta itself, so each
+micro-batch's training forward gives it (its log-probs, detached) and no other forward is made;
+otherwise a forward pass without gradients recomputes them all before the first step.
 Either way the update's first minibatch logs how far sampler and learner disagree on the same
 tokens: ``logprob_mismatch_kl`` (k3 estimate of KL(pi_engine || pi_learner), token mean),
 ``logprob_mismatch_max_abs`` (largest |log pi_learner - log pi_engine|), and the spread of the
@@ -54,7 +57,12 @@ from rllib_arpo.core.losses import LOSS_AGGREGATIONS, compute_policy_loss, kl_pe
 from rllib_arpo.learner.checkpoint import rng_states, set_rng_states
 from rllib_arpo.learner.distributed import data_parallel_rank, data_parallel_size, global_sum
 from rllib_arpo.learner.forward import PACKED, sequence_logprobs
-from rllib_arpo.learner.memory import LearnerOutOfMemoryError, is_out_of_memory, out_of_memory_advice
+from rllib_arpo.learner.memory import (
+    LearnerOutOfMemoryError,
+    is_out_of_memory,
+    out_of_memory_advice,
+    release_freed_memory,
+)
 from rllib_arpo.learner.packing import micro_batches
 from rllib_arpo.learner.rl_module import hf_state_dict, load_reference_model
 from rllib_arpo.learner.rllib_compat import parameter_gradients, update_batch, update_result, zero_gradients
@@ -70,6 +78,7 @@ class ARPOTorchLearner(TorchLearner):
     def build(self) -> None:
         super().build()
         self._first_pass = True
+        self._old_logprobs_from_forward = False
         self._reference_models = {}
         if self.config.kl_coef > 0:  # the initial policy, read again (the module may be wrapped or sharded)
             for mid, module in self.module.items():
@@ -142,10 +151,25 @@ class ARPOTorchLearner(TorchLearner):
         are first replaced by the learner's own (``_recompute_old_logprobs``), before any
         minibatch or epoch changes the weights."""
         self._first_pass = True  # the first minibatch logs the sampler/learner mismatch
+        self._old_logprobs_from_forward = False
         if self.config.old_logprob_source == "learner":
-            for mid, module_batch in update_batch(batch, training_data).policy_batches.items():
-                self._recompute_old_logprobs(mid, self.config.get_config_for_module(mid), module_batch)
-        return super().update(batch=batch, training_data=training_data, **kwargs)
+            policy_batches = update_batch(batch, training_data).policy_batches
+            rows = {len(module_batch["loss_mask"]) for module_batch in policy_batches.values()}
+            one_pass = (
+                kwargs.get("num_epochs", 1) == 1
+                and not kwargs.get("shuffle_batch_per_epoch", False)
+                and kwargs.get("minibatch_size") in (None, *rows)
+            )
+            for mid, module_batch in policy_batches.items():
+                if one_pass:
+                    module_batch[SAMPLER_LOGPROBS] = module_batch["old_logprobs"]
+                else:
+                    self._recompute_old_logprobs(mid, self.config.get_config_for_module(mid), module_batch)
+            self._old_logprobs_from_forward = one_pass
+        results = super().update(batch=batch, training_data=training_data, **kwargs)
+        if self.device.type == "cpu":
+            release_freed_memory()  # the update's freed activations, back to the system
+        return results
 
     def _recompute_old_logprobs(self, mid, config, module_batch) -> None:
         """``old_logprobs`` <- log pi_learner of the batch's tokens (micro-batched, no gradient);
@@ -195,6 +219,8 @@ class ARPOTorchLearner(TorchLearner):
     def _uncompiled_update(self, batch: dict, **kwargs):  # rllib_compat.UPDATE_HOOK
         """RLlib's update step (``TorchLearner._update`` dispatches here), with the single
         forward/backward replaced by ``_accumulate_gradients`` over micro-batches."""
+        if self._old_logprobs_from_forward and not self._first_pass:
+            raise RuntimeError("pi_old was taken from the training forward, but the update makes a second pass")
         self._zero_gradients()
         loss_per_module = {}
         for mid, module_batch in batch.items():
@@ -285,6 +311,8 @@ class ARPOTorchLearner(TorchLearner):
             share = denominators[rows].sum().float() * scale
             with self._micro_batch(mid, last=last):
                 fwd_out = self._forward_train(mid, chunk)
+                if self._old_logprobs_from_forward:  # pi_old = pi_theta before the only step
+                    chunk["old_logprobs"] = fwd_out["logprobs"].detach()
                 loss, metrics = self._policy_loss(mid, config, chunk, fwd_out)
                 self._backward(mid, loss * share)
             if mismatch is not None:

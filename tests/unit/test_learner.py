@@ -271,14 +271,33 @@ def test_bf16_with_master_weights_learns_at_lr_1e_6(model_dir, master_weights):
         assert changed_fraction(before, after) < 0.1
 
 
-def test_gradient_checkpointing_gives_the_same_gradients(model_dir, learner):
+def layer_forwards(learner: ARPOTorchLearner) -> list[int]:
+    """Counts the runs of the policy's first decoder layer's MLP, as they happen (its ``forward``
+    wrapped: module hooks do not fire when a checkpoint recomputes it)."""
+    calls = []
+    mlp = module_of(learner).model.get_decoder().layers[0].mlp
+    forward = mlp.forward
+
+    def counting_forward(*args, **kwargs):
+        calls.append(1)
+        return forward(*args, **kwargs)
+
+    mlp.forward = counting_forward
+    return calls
+
+
+def test_gradient_checkpointing_recomputes_the_layers_and_gives_the_same_gradients(model_dir, learner):
+    """Each decoder layer runs again in the backward pass (transformers checkpoints a layer only in
+    training mode, which RLlib's ``forward_train`` sets)."""
     checkpointed = build_learner(model_dir, learners={"gradient_checkpointing": True})
     assert module_of(checkpointed).model.is_gradient_checkpointing
     assert not module_of(learner).model.is_gradient_checkpointing
     batch = training_batch(learner)
+    plain_calls, checkpointed_calls = layer_forwards(learner), layer_forwards(checkpointed)
     expected = gradients(learner, batch)
     for name, grad in gradients(checkpointed, batch).items():
         torch.testing.assert_close(grad, expected[name], atol=1e-6, rtol=0, msg=name)
+    assert len(checkpointed_calls) == 2 * len(plain_calls) > 0  # forward, then again in the backward
 
 
 def test_chunked_logprobs_give_the_same_loss_gradients_and_entropies(model_dir, learner):
@@ -297,7 +316,7 @@ def test_chunked_logprobs_give_the_same_loss_gradients_and_entropies(model_dir, 
 def test_out_of_memory_names_the_settings_to_change(model_dir, monkeypatch):
     from rllib_arpo.learner.memory import LearnerOutOfMemoryError
 
-    learner = build_learner(model_dir, micro_batch_size=4, learners={"packing": "padded"})
+    learner = build_learner(model_dir, micro_batch_size=4, learners={"packing": "padded", "logprob_chunk_size": None})
     batch = training_batch(learner)
 
     def out_of_memory(*args, **kwargs):
@@ -460,6 +479,39 @@ def test_sampler_learner_mismatch_is_measured_and_learner_old_logprobs_start_at_
         assert metrics["first_ratio_max_deviation"].peek() == pytest.approx(
             float((torch.exp(difference) - 1).abs().max()), rel=1e-9
         )
+
+
+def count_forwards(learner: ARPOTorchLearner) -> dict[bool, int]:
+    """The learner's forwards as they run, counted by whether gradients were on."""
+    counts = {True: 0, False: 0}
+    forward = learner._forward_train
+
+    def counting_forward(mid, chunk):
+        counts[torch.is_grad_enabled()] += 1
+        return forward(mid, chunk)
+
+    learner._forward_train = counting_forward
+    return counts
+
+
+@pytest.mark.parametrize("num_epochs", [1, 2])
+def test_learner_old_logprobs_of_a_one_pass_update_come_from_its_training_forward(model_dir, num_epochs):
+    """One epoch of one minibatch: pi_old is the training forward's own log-probs, no forward
+    without gradients is made, and the first ratio is exactly 1; two epochs: the old log-probs are
+    recomputed (one forward without gradients) before the first step changes the weights."""
+    learner = build_learner(model_dir, old_logprob_source="learner")
+    batch = batch_sampled_in_bfloat16(model_dir, learner)
+    counts = count_forwards(learner)
+    numpy_batch = SampleBatch({k: v.numpy() for k, v in batch.items()})
+    trained = int((batch["loss_mask"] > 0).sum())
+    metrics = learner.update(
+        batch=MultiAgentBatch({DEFAULT_MODULE_ID: numpy_batch}, env_steps=trained),
+        num_epochs=num_epochs,
+        minibatch_size=len(batch["loss_mask"]),
+    )[DEFAULT_MODULE_ID]
+    assert counts == ({True: 1, False: 0} if num_epochs == 1 else {True: 2, False: 1})
+    assert metrics["first_ratio_max_deviation"].peek() == 0.0
+    assert metrics["logprob_mismatch_kl"].peek() > 0  # measured against the engine's, kept aside
 
 
 @pytest.mark.parametrize("packing", ["padded", "tree"])

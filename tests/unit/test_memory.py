@@ -1,11 +1,15 @@
-"""learner.memory: the per-GPU learner memory estimate, on a Qwen2.5-7B-shaped model."""
+"""learner.memory: the per-GPU learner memory estimate, on a Qwen2.5-7B-shaped model, and the
+release of freed CPU memory."""
+
+import sys
 
 import pytest
+import torch
 
 from rllib_arpo.core.registry import Registry
 from rllib_arpo.learner import memory
 from rllib_arpo.learner.backends import LearnerBackend
-from rllib_arpo.learner.memory import GIB, ModelShape, estimate_learner_memory
+from rllib_arpo.learner.memory import GIB, ModelShape, estimate_learner_memory, release_freed_memory
 
 P = 7_615_616_512  # Qwen2.5-7B
 QWEN_7B = ModelShape(num_parameters=P, hidden_size=3584, num_layers=28, vocab_size=152_064)
@@ -115,3 +119,20 @@ def test_the_config_fields_reach_the_estimate(model_dir):
 
     assert learner_memory_of_config(config, sequence_length=500) == packed(900)
     assert learner_memory_of_config(config, sequence_length=1000) == packed(1000)
+
+
+def resident_bytes() -> int:
+    return int(next(line for line in open("/proc/self/status") if line.startswith("VmRSS")).split()[1]) * 1024
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim; /proc")
+def test_released_memory_leaves_the_process():
+    """10,000 tensors of 64 kB each come from the C allocator's heap (below glibc's mmap threshold,
+    128 kB): freed, they stay resident until released."""
+    tensors = [torch.ones(16_000) for _ in range(10_000)]
+    held = 10_000 * 16_000 * 4
+    before = resident_bytes()
+    del tensors
+    assert resident_bytes() > before - held / 2  # freed, still resident
+    assert release_freed_memory()
+    assert resident_bytes() < before - held / 2
