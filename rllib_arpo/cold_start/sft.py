@@ -51,6 +51,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from rllib_arpo.core.logprobs import chunked_token_logprobs
 from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.data.loaders.tir_task import tir_task_example
 from rllib_arpo.data.prompts import encode_prompt
@@ -246,20 +247,53 @@ def pad_batch(sequences: list[SFTSequence], pad_token_id: int) -> dict[str, torc
     return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
 
 
-def sft_loss(model: PreTrainedModel, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+def sft_loss(model: PreTrainedModel, batch: Mapping[str, torch.Tensor], chunk_size: int | None = None) -> torch.Tensor:
     """Token-level mean next-token cross entropy over the trained tokens (module docstring).
 
-    The logits of every position, masked afterwards. Running the output layer on the trained
-    positions only gives the same loss and gradients to float rounding (3e-7 relative), but the
-    tiny policy's build is that sensitive to rounding: built so, its copy heads did not survive
-    the SFT (accuracy on 96 test questions at T = 0.6: 0.00, against 0.68 with this form; 0.31 with
-    another initial seed), so a cheaper form must pass ``tests/integration/test_tiny_policy_build.py``."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+    ``chunk_size`` None: the logits of every position, masked afterwards. Running the output layer
+    on the trained positions only gives the same loss and gradients to float rounding (3e-7
+    relative), but the tiny policy's build is that sensitive to rounding: built so, its copy heads
+    did not survive the SFT (accuracy on 96 test questions at T = 0.6: 0.00, against 0.68 with this
+    form; 0.31 with another initial seed), so a cheaper form must pass
+    ``tests/integration/test_tiny_policy_build.py``. That cheaper form is ``chunk_size`` c: the
+    output layer on the trained positions only, c at a time, each chunk's logits recomputed in
+    the backward pass (``core.logprobs.chunked_token_logprobs``), so that no ``[tokens, vocab]``
+    tensor exists: a real model's cold start (49k-token vocabulary) uses it."""
     mask = batch["loss_mask"][:, 1:]
+    if chunk_size is not None:
+        hidden = model.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        trained = mask > 0
+        logprobs, _ = chunked_token_logprobs(
+            hidden.last_hidden_state[:, :-1][trained],
+            batch["input_ids"][:, 1:][trained],
+            model.get_output_embeddings(),
+            chunk_size=chunk_size,
+        )
+        return -(logprobs * mask[trained]).sum() / mask.sum()
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
     token_loss = torch.nn.functional.cross_entropy(
         logits.float().reshape(-1, logits.shape[-1]), batch["input_ids"][:, 1:].reshape(-1), reduction="none"
     )
     return (token_loss * mask.reshape(-1)).sum() / mask.sum()
+
+
+@dataclass(frozen=True)
+class MemoryLayout:
+    """How a step's batch goes through the model (the same gradient, to float rounding, in every
+    layout): ``micro_batch_rows`` rows per forward and backward (None: the whole batch), each
+    micro-batch's loss weighted by its share of the batch's trained tokens; the output layer
+    ``chunk_size`` positions at a time (``sft_loss``); ``gradient_checkpointing``: each decoder
+    layer's activations recomputed in the backward pass."""
+
+    micro_batch_rows: int | None = None
+    chunk_size: int | None = None
+    gradient_checkpointing: bool = False
+
+
+LOW_MEMORY = MemoryLayout(micro_batch_rows=1, chunk_size=256, gradient_checkpointing=True)
+"""A real model's cold start: SmolLM2-135M at batch 8 peaks at 3.2 GiB resident instead of 9.3
+(of which 2.0 are its float32 weights, gradients and AdamW states) in about the same time
+(``scripts/bench_memory.py --cold-start``)."""
 
 
 def warm_start(
@@ -277,6 +311,7 @@ def warm_start(
     seed: int = 0,
     num_threads: int | None = None,
     progress: bool = True,
+    memory: MemoryLayout = MemoryLayout(),
 ) -> list[float]:
     """Fine-tune ``model`` in place: ``copy_drill_steps`` steps on copy drills
     (``copy_drill_sequences``), then ``steps`` steps on demonstrations, every sequence seen once;
@@ -292,8 +327,8 @@ def warm_start(
     little, each run of ``LENGTH_POOL_BATCHES`` demonstration batches is cut from its sequences
     sorted by length and then shuffled. ``seed`` fixes the drills and demonstrations, so the same
     seed gives the same weights (the model has no dropout). Torch uses ``num_threads`` threads
-    (default ``os.cpu_count()``) during training and the previous setting after it. The model is
-    left in eval mode.
+    (default ``os.cpu_count()``) during training and the previous setting after it. ``memory``
+    lays each batch out (``MemoryLayout``). The model is left in eval mode.
     """
     if len(demonstrations) > steps * batch_size:
         raise ValueError(f"{len(demonstrations)} demonstrations do not fit in {steps} steps of {batch_size}")
@@ -314,10 +349,17 @@ def warm_start(
         ("warm-start SFT", [[dataset[i] for i in batch] for batch in demonstration_batches], warmup_then_decay(steps)),
     ]
     losses: list[float] = []
-    with training_mode(model, num_threads):
+    with training_mode(model, num_threads, memory.gradient_checkpointing):
         for name, batches, lr_scale in phases:
             losses += train_phase(
-                model, batches, tokenizer.pad_token_id, lr=lr, lr_scale=lr_scale, name=name, progress=progress
+                model,
+                batches,
+                tokenizer.pad_token_id,
+                lr=lr,
+                lr_scale=lr_scale,
+                name=name,
+                progress=progress,
+                memory=memory,
             )
     return losses
 
@@ -357,15 +399,20 @@ def warmup_then_decay(steps: int) -> Callable[[int], float]:
 
 
 @contextlib.contextmanager
-def training_mode(model: PreTrainedModel, num_threads: int | None) -> Iterator[None]:
-    """``model`` in train mode and torch on ``num_threads`` threads (default ``os.cpu_count()``)
-    inside; eval mode and the previous thread count after, also when training raises."""
+def training_mode(model: PreTrainedModel, num_threads: int | None, gradient_checkpointing: bool) -> Iterator[None]:
+    """``model`` in train mode (with ``gradient_checkpointing``) and torch on ``num_threads``
+    threads (default ``os.cpu_count()``) inside; eval mode, no checkpointing and the previous
+    thread count after, also when training raises."""
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(num_threads or os.cpu_count() or 1)
     model.train()
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     try:
         yield
     finally:
+        if gradient_checkpointing:
+            model.gradient_checkpointing_disable()
         model.eval()
         torch.set_num_threads(previous_threads)
 
@@ -379,18 +426,26 @@ def train_phase(
     lr_scale: Callable[[int], float],
     name: str,
     progress: bool,
+    memory: MemoryLayout = MemoryLayout(),
 ) -> list[float]:
     """One AdamW run (weight decay 0.01, a fresh optimiser) of a step per batch at learning rate
-    ``lr * lr_scale(step)``, each batch right-padded with ``pad_token_id``; the loss of every step.
-    ``name`` labels the progress bar."""
+    ``lr * lr_scale(step)``, each batch right-padded with ``pad_token_id`` and laid out by
+    ``memory``; the loss of every step. ``name`` labels the progress bar."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_scale)
     losses: list[float] = []
     bar = tqdm(batches, desc=name, disable=not progress or not batches)
     for batch in bar:
-        loss = sft_loss(model, pad_batch(batch, pad_token_id))
         optimizer.zero_grad()
-        loss.backward()
+        rows = memory.micro_batch_rows or len(batch)
+        trained = sum(sum(sequence.loss_mask[1:]) for sequence in batch)
+        loss = torch.zeros(())
+        for start in range(0, len(batch), rows):
+            micro = batch[start : start + rows]
+            share = sum(sum(sequence.loss_mask[1:]) for sequence in micro) / trained
+            micro_loss = sft_loss(model, pad_batch(micro, pad_token_id), memory.chunk_size) * share
+            micro_loss.backward()
+            loss += micro_loss.detach()
         optimizer.step()
         schedule.step()
         losses.append(loss.item())
@@ -415,11 +470,13 @@ def cold_start(
     variant: TaskVariant = "plain",
     seed: int = 0,
     progress: bool = True,
+    memory: MemoryLayout = LOW_MEMORY,
 ) -> list[float]:
     """The cold start of a real chat model: ``warm_start`` (no copy drill) of the
     ``save_pretrained`` model at ``model_path`` on ``demonstrations`` plus fresh embedded-task
-    ones of the task ``variant``, in float32, saved with its tokenizer into ``output_dir`` (a
-    ``model_path`` for training and evaluation). Returns the loss of every step."""
+    ones of the task ``variant``, in float32, each batch laid out by ``memory``, saved with its
+    tokenizer into ``output_dir`` (a ``model_path`` for training and evaluation). Returns the loss
+    of every step."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -436,6 +493,7 @@ def cold_start(
         variant=variant,
         seed=seed,
         progress=progress,
+        memory=memory,
     )
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)

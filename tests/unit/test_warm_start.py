@@ -9,6 +9,7 @@ from rllib_arpo.cold_start.sft import (
     COPY_DRILL_ANSWER,
     COPY_DRILL_PROMPT,
     LENGTH_POOL_BATCHES,
+    MemoryLayout,
     copy_drill_sequences,
     encode_transcript,
     evaluate_arithmetic,
@@ -226,6 +227,31 @@ def test_warm_start_lowers_the_loss_and_is_seeded(tokenizer):
     drill_and_sft = warm_start(drilled, tokenizer, seed=0, copy_drill_steps=5, **kwargs)
     assert len(drill_and_sft) == 5 + 12
     assert not torch.equal(drilled.state_dict()["model.embed_tokens.weight"], weights["model.embed_tokens.weight"])
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [MemoryLayout(micro_batch_rows=1), MemoryLayout(chunk_size=5), MemoryLayout(2, 5, gradient_checkpointing=True)],
+)
+def test_a_memory_layout_gives_the_whole_batch_loss_and_gradient(tokenizer, layout):
+    """One step at lr 0 leaves the step's gradient in the weights: micro-batches weighted by their
+    trained tokens, the output layer in chunks on trained positions only, and recomputed layers
+    give the whole batch's. Bound: the same float32 terms summed in another order differ by at
+    most n * 2^-24 of the sum of their magnitudes, n the batch's trained tokens (each token's
+    gradient term is at most the largest gradient entry times n, as the loss is their mean)."""
+    kwargs = dict(steps=1, batch_size=4, lr=0.0, quality_mix=PERFECT_ONLY, num_threads=1, progress=False)
+    whole = build_tiny_policy(tokenizer, **SMALL_MODEL)
+    [whole_loss] = warm_start(whole, tokenizer, seed=0, **kwargs)
+    laid_out = build_tiny_policy(tokenizer, **SMALL_MODEL)
+    [laid_out_loss] = warm_start(laid_out, tokenizer, seed=0, memory=layout, **kwargs)
+    dataset = sft_dataset(tokenizer, np.random.default_rng(0), PERFECT_ONLY, 4)
+    n = sum(sum(sequence.loss_mask[1:]) for sequence in dataset)
+    assert laid_out_loss == pytest.approx(whole_loss, rel=n * 2**-24)
+    expected = dict(whole.named_parameters())
+    for name, parameter in laid_out.named_parameters():
+        bound = n * n * 2**-24 * float(expected[name].grad.abs().max())
+        torch.testing.assert_close(parameter.grad, expected[name].grad, atol=bound, rtol=0, msg=name)
+    assert not laid_out.is_gradient_checkpointing  # switched off again after training
 
 
 class ScriptedEngine:
