@@ -160,7 +160,11 @@ def _peak_rss_gib(_learner) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
 
 
-def measure(model_path: str, layout: Layout, shape: BatchShape, batch: dict, repeats: int) -> Measurement:
+def measure(
+    model_path: str, layout: Layout, shape: BatchShape, batch: dict, repeats: int, dtype: str = "float32"
+) -> Measurement:
+    """Trained tokens/s and peak memory of ``layout``'s learners on ``batch`` in ``dtype`` (with
+    float32 master weights where it is another)."""
     from ray.rllib.core import DEFAULT_MODULE_ID
 
     from rllib_arpo.algorithm import ARPOConfig
@@ -172,7 +176,7 @@ def measure(model_path: str, layout: Layout, shape: BatchShape, batch: dict, rep
     path = resolve_model_path(model_path)
     config = (
         ARPOConfig()
-        .policy(model_path=path)
+        .policy(model_path=path, dtype=dtype)
         .training(lr=1e-6, micro_batch_size=shape.micro_batch_size)
         .learners(
             num_cpus_per_learner=1,

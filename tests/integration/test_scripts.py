@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rllib_arpo.cold_start.saved_tiny_policy import save_tiny_policy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,6 +94,45 @@ def test_bench_learner_prints_a_row_per_layout(tiny_policy_cache):
     assert [(r[2].strip(), r[3].strip()) for r in rows] == [("torch-1", "padded"), ("torch-1", "tree")]
     # both train the same 2 x 16 response tokens; the tree lays the 2 rows' shared 32-token prompt out once
     assert [int(r[5]) for r in rows] == [32, 32] and [int(r[6]) for r in rows] == [96, 64]
+
+
+def test_bench_dtype_compares_float32_and_bfloat16(tiny_policy_cache, tmp_path):
+    out = run_script(
+        "bench_dtype.py", "--model-path", "tiny", "--engines", "hf", "--prompts", "2", "--max-new-tokens", "8",
+        "--rows", "4", "--prompt-tokens", "16", "--response-tokens", "12", "--repeats", "1",
+        "--json", str(tmp_path / "dtype.json"), cache=tiny_policy_cache,
+    )  # fmt: skip
+    for measure in ("generation tokens/s (hf)", "learner trained tokens/s"):
+        [row] = [line for line in out.splitlines() if line.startswith(f"| {measure} |")]
+        fp32, bf16, ratio = (cell.strip() for cell in row.split("|")[2:5])
+        assert float(ratio.removesuffix("x")) == pytest.approx(float(bf16) / float(fp32), rel=0.02, abs=0.01)
+    figures = json.loads((tmp_path / "dtype.json").read_text())
+    exact = figures["mismatch hf float32 / learner float32"]
+    assert 0 < exact["tokens"] <= 2 * 8  # both prompts' sampled tokens, up to 8 each
+    rounded = figures["mismatch hf bfloat16 / learner float32"]
+    assert rounded["logprob_mismatch_max_abs"] > exact["logprob_mismatch_max_abs"]
+    # the kernel check reads oneDNN's log: bf16 products are oneDNN matmuls on every x86 CPU torch supports
+    assert sum(figures["onednn_matmuls_bfloat16"].values()) > 0
+
+
+def test_bench_memory_tabulates_the_phases_of_an_iteration_and_of_the_cold_start(tiny_policy_cache, tmp_path):
+    run_script(
+        "bench_memory.py", "tuned_examples/arpo_tiny.yaml", "--iterations", "1",
+        "--config", '{"prompts_per_env_runner": 2}', "--json", str(tmp_path / "iteration.json"),
+        cache=tiny_policy_cache,
+    )  # fmt: skip
+    phases = json.loads((tmp_path / "iteration.json").read_text())["phases"]
+    assert phases["iteration"]["calls"] == 1
+    inner = phases["iteration > learner update > forward"]
+    assert inner["calls"] >= 1 and inner["peak"] <= phases["iteration > learner update"]["peak"]
+    assert phases["iteration"]["peak"] >= max(p["peak"] for name, p in phases.items() if name.startswith("iteration"))
+    run_script(
+        "bench_memory.py", "--cold-start", "tiny", "--steps", "1", "--json", str(tmp_path / "cold.json"),
+        cache=tiny_policy_cache,
+    )  # fmt: skip
+    phases = json.loads((tmp_path / "cold.json").read_text())["phases"]
+    assert phases["cold start > forward + loss"]["calls"] == 8  # one row at a time (sft.LOW_MEMORY), batch 8
+    assert phases["cold start > optimizer step"]["calls"] == 1
 
 
 def test_bench_rollout_compares_tree_and_flat(tiny_policy_cache):
