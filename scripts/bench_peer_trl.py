@@ -22,6 +22,10 @@ learner``, ``tis_cap: 2``); its peak memory is the learner's process only, the a
 ``ours-arpo-tools`` is ARPO with its search and Python tools and tree rollouts (M = 4, N = 2):
 more work per step (tool calls, tool results in the context), listed apart.
 
+``--dtype bfloat16`` runs both sides in bfloat16 as each offers it: this project's ``dtype:
+bfloat16`` (engines in bf16, the learner under autocast over float32 master weights) and TRL's
+``bf16=True`` (accelerate's bf16 autocast over float32 weights).
+
 Measure from the cold-started model (``--model smollm2_cold_start``, README): the base model
 never writes the answer tags, so every reward is -1 on both sides and neither learns anything.
 
@@ -67,6 +71,12 @@ def main() -> None:
         "--packing", default="tree", choices=["padded", "packed", "tree"], help="this project's learner layout"
     )
     parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="both sides: bfloat16 = this project's dtype: bfloat16 (float32 master weights), TRL's bf16=True",
+    )
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--run", help=argparse.SUPPRESS)  # internal: run one contender, write its results
@@ -130,6 +140,7 @@ def prompt_batches(args) -> list[list]:
 def ours_config(args, name: str) -> dict:
     config = {
         "model_path": args.model,
+        "dtype": args.dtype,
         "engine": "hf",
         "dataset": DATASET,
         "num_env_runners": 0,
@@ -353,7 +364,7 @@ def trl_config(args, output_dir: str):
         num_iterations=1,
         shuffle_dataset=False,
         use_cpu=True,
-        bf16=False,
+        bf16=args.dtype == "bfloat16",
         seed=0,
         logging_steps=1,
         save_strategy="no",
@@ -387,7 +398,7 @@ def print_table(results: dict, args) -> None:
     print(
         f"\n{args.model}, P = {args.prompts} prompts x M = {args.rollouts} trajectories per step, "
         f"<= {args.max_tokens} tokens each, {args.steps} measured steps after {args.warmup} warm-up, "
-        f"{os.cpu_count()} CPU cores; this project's learner: packing {args.packing}"
+        f"{os.cpu_count()} CPU cores, {args.dtype}; this project's learner: packing {args.packing}"
     )
     header = (
         f"| {'contender':<66} | wall s/step | generation s | gen tok/s | learner s | learner tok/s "

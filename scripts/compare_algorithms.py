@@ -2,13 +2,18 @@
 
     python scripts/compare_algorithms.py tuned_examples/{arpo,arpo_random,aepo,grpo,dapo,loop}_tiny.yaml \\
         --seeds 0 1 2 3 4 5 --baseline grpo_tiny --results compare.jsonl --out docs/compare_tiny
+    python scripts/compare_algorithms.py tuned_examples/arpo_smollm2.yaml --config '{"model_path": "..."}' \\
+        --variant grpo '{"branching": "none", "advantage_estimator": "grpo"}' \\
+        --variant arpo_random '{"branching": "random"}' --baseline grpo --seeds 0 1 2 --results smollm2.jsonl
 
 Each run is ``rllib train file CONFIG --config '{"seed": S, ...}'`` in a subprocess, timed from
 start to exit, one after the other; its figures are appended to ``--results`` (JSON lines), and
 runs already there are skipped, so an interrupted comparison resumes where it stopped
 (``--table-only`` reports what is there and runs nothing). ``--config`` and ``--stop`` apply to
-every run alike (another model, a shorter run). A seed fixes the data order, the sampling and the
-held-out evaluation's sampling of every config, so configs are compared seed by seed (paired).
+every run alike (another model, a shorter run); ``--variant NAME JSON`` adds a config named NAME:
+the first config file with the JSON's fields on top (GRPO or random branching with one recipe).
+A seed fixes the data order, the sampling and the held-out evaluation's sampling of every
+config, so configs are compared seed by seed (paired).
 
 Per run, from the trial's result.json:
     accuracy before / after: held-out accuracy before the first update, and the mean of the last
@@ -23,7 +28,9 @@ Per run, from the trial's result.json:
     held-out curve: (iteration, accuracy) of every held-out evaluation (plotted, mean over seeds).
 
 The table gives, per config, mean and 95% t-interval over seeds, and the paired difference of the
-gain to ``--baseline`` with its 95% interval and a paired t-test's p-value. ``--out PREFIX``
+gain to ``--baseline`` with its 95% interval, a paired t-test's p-value, and the seeds a paired
+t-test at the 5% level would need to detect a difference of that size with 80% power, were the
+difference's standard deviation the one observed (``seeds_for_power``). ``--out PREFIX``
 writes ``PREFIX.md`` (the table) and ``PREFIX.png`` (per-seed gains and the cost figures).
 """
 
@@ -60,6 +67,7 @@ TIMED_RUN = (
 
 
 def run_once(
+    name: str,
     config_file: str,
     seed: int,
     storage: Path,
@@ -68,9 +76,8 @@ def run_once(
     stop: dict | None = None,
     lock: str | None = None,
 ) -> dict:
-    """The figures of one run of ``config_file`` with ``seed``, under ``flock lock`` if given (the
-    wall time is taken inside the lock: waiting for it does not count)."""
-    name = Path(config_file).stem
+    """The figures of the run ``name`` of ``config_file`` with ``seed``, under ``flock lock`` if given
+    (the wall time is taken inside the lock: waiting for it does not count)."""
     run_storage = storage / f"{name}_seed{seed}"
     timing = storage / f"{name}_seed{seed}.seconds"
     command = [sys.executable, "-m", "rllib_arpo.cli", "train", "file", config_file]
@@ -116,12 +123,31 @@ def interval(values) -> tuple[float, float]:
     return float(values.mean()), float(stats.t.ppf(0.975, values.size - 1) * stats.sem(values))
 
 
+def seeds_for_power(differences, power: float = 0.8, alpha: float = 0.05) -> int | None:
+    """The fewest seeds n at which a two-sided paired t-test at level ``alpha`` detects the mean
+    of ``differences`` with probability ``power``, their standard deviation s taken as the truth:
+    P(|T| > t_{1-alpha/2, n-1}) with T noncentral t, n - 1 degrees of freedom, noncentrality
+    mean * sqrt(n) / s. None when the mean is 0 or more than 10,000 seeds would be needed."""
+    differences = np.asarray(differences, dtype=float)
+    mean, sd = differences.mean(), differences.std(ddof=1)
+    if mean == 0 or not np.isfinite(sd):
+        return None
+    if sd == 0:
+        return 2
+    for n in range(2, 10_001):
+        critical = stats.t.ppf(1 - alpha / 2, n - 1)
+        shift = abs(mean) * np.sqrt(n) / sd
+        if stats.nct.sf(critical, n - 1, shift) + stats.nct.cdf(-critical, n - 1, shift) >= power:
+            return n
+    return None
+
+
 def table(runs: list[dict], baseline: str | None) -> str:
     configs = list(dict.fromkeys(r["config"] for r in runs))
     by = {c: {r["seed"]: r for r in runs if r["config"] == c} for c in configs}
     header = ["config", "seeds"] + [label for _, label, _ in FIGURES]
     if baseline:
-        header += [f"gain - {baseline} (paired)", "p (paired t)"]
+        header += [f"gain - {baseline} (paired)", "p (paired t)", "seeds for 80% power"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for config in configs:
         seeds = sorted(by[config])
@@ -132,14 +158,15 @@ def table(runs: list[dict], baseline: str | None) -> str:
         if baseline:
             shared = [s for s in seeds if s in by.get(baseline, {})]
             if config == baseline or len(shared) < 2:
-                cells += ["", ""]
+                cells += ["", "", ""]
             else:
                 differences = [by[config][s]["gain"] - by[baseline][s]["gain"] for s in shared]
                 mean, half = interval(differences)
                 p_value = stats.ttest_rel(
                     [by[config][s]["gain"] for s in shared], [by[baseline][s]["gain"] for s in shared]
                 ).pvalue
-                cells += [f"{mean:+.1f} ± {half:.1f}", f"{p_value:.2f}"]
+                needed = seeds_for_power(differences)
+                cells += [f"{mean:+.1f} ± {half:.1f}", f"{p_value:.2f}", "" if needed is None else str(needed)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -190,6 +217,18 @@ def plot_held_out_curves(axis, runs: list[dict], configs: list[str]) -> None:
     axis.grid(alpha=0.3)
 
 
+def configs(args: argparse.Namespace) -> list[tuple[str, str, dict]]:
+    """``(name, config file, overrides)`` of every config compared: each file (named by its stem,
+    with ``--config``), then each ``--variant`` (the first file, with ``--config`` and its own)."""
+    compared = [(Path(f).stem, f, args.config) for f in args.config_files]
+    for name, fields in args.variant or []:
+        compared.append((name, args.config_files[0], {**args.config, **json.loads(fields)}))
+    names = [name for name, _, _ in compared]
+    if len(set(names)) < len(names):
+        raise SystemExit(f"config names must differ: {names}")
+    return compared
+
+
 def run_missing(args: argparse.Namespace, results: Path, runs: list[dict]) -> None:
     """Run every (config, seed) of ``args`` that ``runs`` lacks, appending each to ``runs`` and to
     the ``results`` file as it ends."""
@@ -197,10 +236,10 @@ def run_missing(args: argparse.Namespace, results: Path, runs: list[dict]) -> No
     storage.mkdir(parents=True, exist_ok=True)
     done = {(r["config"], r["seed"]) for r in runs}
     for seed in args.seeds:  # seed by seed, so a partial comparison is already paired
-        for config_file in args.config_files:
-            if (Path(config_file).stem, seed) in done:
+        for name, config_file, overrides in configs(args):
+            if (name, seed) in done:
                 continue
-            run = run_once(config_file, seed, storage, args.config, args.final_evals, args.stop, args.lock)
+            run = run_once(name, config_file, seed, storage, overrides, args.final_evals, args.stop, args.lock)
             runs.append(run)
             with results.open("a") as file:
                 file.write(json.dumps(run) + "\n")
@@ -214,6 +253,13 @@ def main() -> None:
     parser.add_argument("--baseline", help="config name (file stem) the others are compared with, seed by seed")
     parser.add_argument("--final-evals", type=int, default=2, help="held-out evaluations averaged for 'after'")
     parser.add_argument("--config", type=json.loads, default={}, help="JSON overrides for every run")
+    parser.add_argument(
+        "--variant",
+        nargs=2,
+        action="append",
+        metavar=("NAME", "JSON"),
+        help="also compare the first config file with these JSON overrides, named NAME",
+    )
     parser.add_argument("--stop", type=json.loads, help="JSON stop criteria for every run (default: each file's)")
     parser.add_argument("--results", default="compare_algorithms.jsonl", help="JSON lines, one per run (resumable)")
     parser.add_argument("--storage-path", help="where the runs write their results (default: a temporary directory)")
@@ -225,7 +271,7 @@ def main() -> None:
     runs = [json.loads(line) for line in results.read_text().splitlines()] if results.is_file() else []
     if not args.table_only:
         run_missing(args, results, runs)
-    wanted = {Path(c).stem for c in args.config_files}
+    wanted = {name for name, _, _ in configs(args)}
     runs = [r for r in runs if r["config"] in wanted and r["seed"] in args.seeds]
     markdown = table(runs, args.baseline)
     print(markdown)

@@ -1,0 +1,37 @@
+"""``scripts/compare_algorithms.py``'s power calculation and its configs from variants."""
+
+import argparse
+
+import numpy as np
+import pytest
+
+
+@pytest.mark.parametrize(("effect", "seeds"), [(0.5, 34), (0.8, 15), (1.0, 10)])
+def test_seeds_for_power_match_the_paired_t_test_tables(load_script, effect, seeds):
+    """Differences of mean d and standard deviation 1: the seeds of a one-sample (paired) t-test,
+    two-sided at 5%, with 80% power at effect size d (Cohen 1988; G*Power: 34, 15 and 10)."""
+    compare = load_script("compare_algorithms")
+    half = 1 / np.sqrt(2)  # two values d +- 1/sqrt(2): standard deviation 1
+    assert compare.seeds_for_power([effect + half, effect - half]) == seeds
+    assert compare.seeds_for_power([-effect + half, -effect - half]) == seeds  # the sign does not matter
+    assert compare.seeds_for_power([half, -half]) is None  # no difference to detect
+
+
+def test_a_variant_is_the_first_file_with_its_fields_on_top(load_script):
+    compare = load_script("compare_algorithms")
+    args = argparse.Namespace(
+        config_files=["tuned_examples/arpo_smollm2.yaml"],
+        config={"model_path": "m", "seed": 3},
+        variant=[["grpo", '{"branching": "none", "advantage_estimator": "grpo"}']],
+    )
+    assert compare.configs(args) == [
+        ("arpo_smollm2", "tuned_examples/arpo_smollm2.yaml", {"model_path": "m", "seed": 3}),
+        (
+            "grpo",
+            "tuned_examples/arpo_smollm2.yaml",
+            {"model_path": "m", "seed": 3, "branching": "none", "advantage_estimator": "grpo"},
+        ),
+    ]
+    args.variant.append(["arpo_smollm2", "{}"])
+    with pytest.raises(SystemExit, match="names must differ"):
+        compare.configs(args)
