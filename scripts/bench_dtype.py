@@ -11,12 +11,12 @@ fresh engine per dtype (``ENGINES[name].build(path, dtype, options)``, as the En
 it); tokens/s = tokens generated / seconds of the timed ``generate`` calls (a first untimed call
 warms the engine up), median of ``--repeats``.
 
-Learner: ``bench_learner.measure`` (a fresh learner process per dtype, one warm-up update, the
-median of ``--repeats`` updates) on ``bench_learner.make_batch``'s random batch of ``--rows``
-rows in prompt groups of 4 that share the prompt and the first third of the response, laid out
-as the training config's default (``packing: tree``). bfloat16 is the config's ``dtype:
-bfloat16`` with ``master_weights: true``: float32 weights and AdamW states, the forward and
-backward under ``torch.autocast(bfloat16)``.
+Learner: ``bench_learner.measure`` (a fresh learner process per dtype with 2 CPUs, so 2 torch
+threads, one warm-up update, the median of ``--repeats`` updates) on ``bench_learner.make_batch``'s
+random batch of ``--rows`` rows in prompt groups of 4 that share the prompt and the first third of
+the response, laid out as the training config's default (``packing: tree``). bfloat16 is the
+config's ``dtype: bfloat16`` with ``master_weights: true``: float32 weights and AdamW states, the
+forward and backward under ``torch.autocast(bfloat16)``.
 
 Kernels (skipped with ``--no-kernel-check``): one learner forward and backward under each dtype in
 a subprocess with ``ONEDNN_VERBOSE=1``, counting oneDNN's matmul executions by implementation:
@@ -183,7 +183,10 @@ def main() -> None:
     )
     batch = make_batch(shape, AutoConfig.from_pretrained(path).vocab_size)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    results = {dtype: measure(path, LAYOUTS["torch-1"], shape, batch, args.repeats, dtype=dtype) for dtype in DTYPES}
+    results = {
+        dtype: measure(path, LAYOUTS["torch-1"], shape, batch, args.repeats, dtype=dtype, cpus_per_learner=2)
+        for dtype in DTYPES
+    }
     ray.shutdown()
     report("learner trained tokens/s", {dtype: r.tokens_per_s for dtype, r in results.items()})
     print("| learner peak RSS (GiB) | " + " | ".join(f"{results[d].peak_rss_gib[0]:.2f}" for d in DTYPES) + " | |")

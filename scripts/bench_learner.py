@@ -161,10 +161,17 @@ def _peak_rss_gib(_learner) -> float:
 
 
 def measure(
-    model_path: str, layout: Layout, shape: BatchShape, batch: dict, repeats: int, dtype: str = "float32"
+    model_path: str,
+    layout: Layout,
+    shape: BatchShape,
+    batch: dict,
+    repeats: int,
+    dtype: str = "float32",
+    cpus_per_learner: int = 1,
 ) -> Measurement:
     """Trained tokens/s and peak memory of ``layout``'s learners on ``batch`` in ``dtype`` (with
-    float32 master weights where it is another)."""
+    float32 master weights where it is another), each learner with ``cpus_per_learner`` CPUs (Ray
+    gives its process as many torch threads)."""
     from ray.rllib.core import DEFAULT_MODULE_ID
 
     from rllib_arpo.algorithm import ARPOConfig
@@ -179,7 +186,7 @@ def measure(
         .policy(model_path=path, dtype=dtype)
         .training(lr=1e-6, micro_batch_size=shape.micro_batch_size)
         .learners(
-            num_cpus_per_learner=1,
+            num_cpus_per_learner=cpus_per_learner,
             packing=shape.packing,
             micro_batch_tokens=shape.micro_batch_tokens,
             **layout.config_fields(),
