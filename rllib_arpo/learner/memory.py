@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import math
 import os
 from dataclasses import dataclass, fields
@@ -258,6 +259,12 @@ def release_freed_memory() -> bool:
     freed, stay resident: SmolLM2-135M's learner process kept 7.7 GiB between updates for 3.2 GiB
     of weights, gradients, AdamW states and reference model (``scripts/bench_memory.py``).
     Returns whether memory was released (False where the C library is not glibc)."""
-    libc = ctypes.util.find_library("c")
-    trim = getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
+    trim = _malloc_trim()
     return bool(trim(0)) if trim is not None else False
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or None; looked up once (``find_library`` runs ``ldconfig``)."""
+    libc = ctypes.util.find_library("c")
+    return getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
