@@ -72,8 +72,8 @@ def generation_tokens_per_s(
     return statistics.median(rates), list(zip(prefixes, generations))
 
 
-def sampler_learner_mismatch(path: str, samples, learner_dtype: str, tis_cap: float = 2.0) -> dict[str, float]:
-    """How far the learner's log-probs (float32 weights; bfloat16 under autocast) of an engine's
+def sampler_learner_mismatch(model, samples, learner_dtype: str, tis_cap: float = 2.0) -> dict[str, float]:
+    """How far the learner's log-probs (``model``'s float32 weights; bfloat16 under autocast) of an engine's
     sampled tokens are from the engine's own, with the learner's metrics' formulas: the k3 estimate
     of KL(pi_engine || pi_learner) (``logprob_mismatch_kl``), the largest |difference|, the
     spread of the first PPO ratio pi_learner / pi_engine were pi_old the engine's
@@ -81,12 +81,10 @@ def sampler_learner_mismatch(path: str, samples, learner_dtype: str, tis_cap: fl
     importance weights min(pi_learner / pi_engine, ``tis_cap``) that ``tis_cap`` puts on the tokens
     (their mean and the share at the cap)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     from rllib_arpo.core.losses import kl_penalty
     from rllib_arpo.learner.forward import sequence_logprobs
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     engine, learner = [], []
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=learner_dtype == "bfloat16"):
         for prefix, generation in samples:
@@ -143,7 +141,8 @@ def main() -> None:
     args = parser.parse_args()
     # imported here: vLLM's CPU workers re-import this script (see bench_rollout.py)
     import ray
-    from transformers import AutoConfig
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     import rllib_arpo.tools  # noqa: F401  (registers the tools)
     from rllib_arpo.data.tir_task import TIRTask, format_prompt
@@ -195,9 +194,10 @@ def main() -> None:
     print("| engine | learner | tokens | mismatch KL (k3) | max abs | first ratio std, old = engine "
           "| TIS weight mean (cap 2) | at the cap |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
+    learner_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     for (engine_name, engine_dtype), pairs in samples.items():
         for learner_dtype in DTYPES:
-            m = sampler_learner_mismatch(path, pairs, learner_dtype)
+            m = sampler_learner_mismatch(learner_model, pairs, learner_dtype)
             figures[f"mismatch {engine_name} {engine_dtype} / learner {learner_dtype}"] = m
             print(
                 f"| {engine_name} {engine_dtype} | {learner_dtype} | {m['tokens']} | {m['logprob_mismatch_kl']:.2e} "
