@@ -17,8 +17,9 @@ config, so configs are compared seed by seed (paired).
 
 Per run, from the trial's result.json:
     accuracy before / after: held-out accuracy before the first update, and the mean of the last
-        ``--final-evals`` evaluations (each evaluation samples once per question, so averaging
-        two halves the sampling noise of the final figure);
+        ``--final-evals`` evaluations after it (each evaluation samples once per question, so
+        averaging two halves the sampling noise of the final figure; a run that evaluates only
+        before and at the end has one);
     gain: after - before;
     tool calls / question: held-out tool calls per question at the end (what the policy does);
     train tool calls / prompt, train tokens / prompt: tool calls executed and tokens generated in
@@ -93,8 +94,7 @@ def run_once(
     points = evaluations(results)
     if len(points) < 2:
         raise RuntimeError(f"{config_file} seed {seed}: fewer than two held-out evaluations in {result_file}")
-    before = points[0][1]
-    last = [metrics for _, metrics in points[-final_evals:]]
+    before, last = before_and_last(points, final_evals)
     prompts = sum(r.get("sampled", {}).get("prompts", 0) for r in results)
     tool_calls = sum(r.get("sampled", {}).get("tool_calls", 0) for r in results)
     tokens = sum(r.get("sampled", {}).get("generated_tokens", 0) for r in results)
@@ -113,6 +113,13 @@ def run_once(
         "minutes": minutes,
         "held_out_curve": [[iteration, metrics["accuracy"]] for iteration, metrics in points],
     }
+
+
+def before_and_last(points: list, final_evals: int) -> tuple[dict, list[dict]]:
+    """The held-out metrics before the first update, and those of the last ``final_evals``
+    evaluations after it: never the first one, even where a run evaluates only before and at the end."""
+    before, *after = [metrics for _, metrics in points]
+    return before, after[-final_evals:]
 
 
 def interval(values) -> tuple[float, float]:

@@ -35,3 +35,14 @@ def test_a_variant_is_the_first_file_with_its_fields_on_top(load_script):
     args.variant.append(["arpo_smollm2", "{}"])
     with pytest.raises(SystemExit, match="names must differ"):
         compare.configs(args)
+
+
+def test_after_is_never_the_evaluation_before_training(load_script):
+    """The SmolLM2 recipe evaluates before the first update and at the end only: with the default
+    two final evaluations, 'after' is the end's accuracy, not its mean with the start's."""
+    compare = load_script("compare_algorithms")
+    curve = [(0, {"accuracy": 0.6}), (20, {"accuracy": 0.9})]
+    assert compare.before_and_last(curve, 2) == ({"accuracy": 0.6}, [{"accuracy": 0.9}])
+    curve += [(40, {"accuracy": 0.8})]
+    assert compare.before_and_last(curve, 2) == ({"accuracy": 0.6}, [{"accuracy": 0.9}, {"accuracy": 0.8}])
+    assert compare.before_and_last(curve, 1) == ({"accuracy": 0.6}, [{"accuracy": 0.8}])
