@@ -42,7 +42,10 @@ BRANCHING_MODES: tuple[str, ...] = ("threshold", "stochastic")
 
 
 class BranchingPolicy(Protocol):
-    """What the rollout driver calls after each tool call of a path."""
+    """What the rollout driver calls after each tool call of a path: ``should_branch`` decides,
+    ``branch_probability`` is the score it decides on (the run report shows it at each fork point)."""
+
+    def branch_probability(self, delta_entropy: float, consecutive_branches: int = 0) -> float: ...
 
     def should_branch(
         self,
@@ -54,6 +57,9 @@ class BranchingPolicy(Protocol):
 
 class NoBranching:
     """Never forks: every trajectory starts at the prompt (flat sampling; held-out evaluation)."""
+
+    def branch_probability(self, delta_entropy: float, consecutive_branches: int = 0) -> float:
+        return 0.0
 
     def should_branch(
         self,
@@ -105,8 +111,9 @@ class ARPOBranchingPolicy:
         if self.mode not in BRANCHING_MODES:
             raise ValueError(f"mode (branching_mode) must be one of {list(BRANCHING_MODES)}, got {self.mode!r}")
 
-    def branch_probability(self, delta_entropy: float) -> float:
-        """P_t = alpha + beta * dH_t (threshold mode) or clip(tau + beta * dH_t, 0, 1) (stochastic)."""
+    def branch_probability(self, delta_entropy: float, consecutive_branches: int = 0) -> float:
+        """P_t = alpha + beta * dH_t (threshold mode) or clip(tau + beta * dH_t, 0, 1) (stochastic);
+        ``consecutive_branches`` is unused by ARPO."""
         _check_finite("delta_entropy", delta_entropy)
         if self.mode == "threshold":
             return self.alpha + self.beta * delta_entropy
@@ -196,6 +203,10 @@ class RandomBranchingPolicy:
         _check_finite("probability", self.probability)
         if not 0.0 <= self.probability <= 1.0:
             raise ValueError(f"probability must lie in [0, 1], got {self.probability}")
+
+    def branch_probability(self, delta_entropy: float, consecutive_branches: int = 0) -> float:
+        """p, whatever dH and l are."""
+        return self.probability
 
     def should_branch(
         self,

@@ -33,6 +33,33 @@ class SegmentKind(str, enum.Enum):
     TOOL = "tool"
 
 
+@dataclass(frozen=True)
+class BranchPoint:
+    """What the rollout measured right after a tool result (arXiv 2507.19849, Sec. 3.2), kept on
+    that TOOL segment for the run report.
+
+    Attributes:
+        h_initial: H_initial, the window-mean entropy (nats) of the path's first k tokens.
+        h_after: H_t, the window-mean entropy of the first k tokens after this tool result.
+        probability: the branching rule's P_t for dH_t = h_after - h_initial (its
+            ``branch_probability``); None where no fork was considered (``decision`` "no budget").
+        decision: ``"fork"``, ``"no fork"``, or ``"no budget"`` (the prompt's branch budget was
+            spent, or the path is a top-up that may not fork).
+        children: the paths forked here besides the one that goes on (0 unless ``"fork"``).
+    """
+
+    h_initial: float
+    h_after: float
+    probability: float | None
+    decision: str
+    children: int = 0
+
+    @property
+    def delta_entropy(self) -> float:
+        """dH_t = H_t - H_initial."""
+        return self.h_after - self.h_initial
+
+
 @dataclass
 class Segment:
     """A run of tokens with one author.
@@ -47,6 +74,8 @@ class Segment:
             or the action tag of the environment whose observation it is.
         reward: for a model segment that ends with an environment's action, the reward r_t its
             step returned; None elsewhere (and where the step failed).
+        branch_point: for a tool segment that a path continued after, the entropies measured
+            there and the fork decision (``BranchPoint``); None elsewhere.
     """
 
     token_ids: list[int]
@@ -56,6 +85,7 @@ class Segment:
     entropies: list[float] | None = None
     tool_name: str | None = None
     reward: float | None = None
+    branch_point: BranchPoint | None = None
 
     def __post_init__(self) -> None:
         self.kind = SegmentKind(self.kind)

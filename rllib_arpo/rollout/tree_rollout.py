@@ -36,7 +36,7 @@ import numpy as np
 
 from rllib_arpo.core.branching import BranchBudget, BranchingPolicy, aepo_global_samples
 from rllib_arpo.core.entropy import window_mean_entropy
-from rllib_arpo.core.tree import RolloutTree, SegmentKind
+from rllib_arpo.core.tree import BranchPoint, RolloutTree, SegmentKind
 from rllib_arpo.rollout.engine import Generation, GenerationEngine, SamplingParams
 from rllib_arpo.rollout.episodes import EnvironmentStats, Episode, Episodes
 from rllib_arpo.rollout.settings import RolloutSettings
@@ -220,7 +220,8 @@ class TreeRollout:
         forked = []
         for path in deciding:
             window = window_mean_entropy(heads[id(path)].entropies, s.entropy_window)
-            kept, dropped = self._decide_branch(path, window, budgets[path.tree], tentative[id(path)], rng, stats)
+            tree, budget = trees[path.tree], budgets[path.tree]
+            kept, dropped = self._decide_branch(tree, path, window, budget, tentative[id(path)], rng, stats)
             forked += kept
             stats.discarded_tokens += sum(len(heads[id(child)].token_ids) for child in dropped)
         return heads, forked
@@ -246,6 +247,7 @@ class TreeRollout:
             path.tool_entropies.append(window)
             if not decided_fork:
                 stats.delta_entropies.append(window - path.h_initial)
+                tree.segments[path.node].branch_point = BranchPoint(path.h_initial, window, None, "no budget")
         path.node, path.after_tool = segment, False
         if generation.finish_reason != "stop":
             reason = generation.finish_reason
@@ -299,17 +301,25 @@ class TreeRollout:
             )
         return out
 
-    def _decide_branch(self, path, window_entropy, budget, tentative, rng, stats) -> tuple[list[_Path], list[_Path]]:
-        """Ask the branching policy with dH = H_t - H_initial. On a fork the budget grants up to
+    def _decide_branch(
+        self, tree, path, window_entropy, budget, tentative, rng, stats
+    ) -> tuple[list[_Path], list[_Path]]:
+        """Ask the branching policy with dH = H_t - H_initial, and keep what it decided on the
+        tool segment the path stands after (``BranchPoint``). On a fork the budget grants up to
         Z - 1 children: the tentative (early) ones first, then new ones starting in phase 2.
         Returns (children, dropped tentative ones)."""
         delta = window_entropy - path.h_initial
         stats.delta_entropies.append(delta)
+        probability = self.branching.branch_probability(delta, path.consecutive_branches)
         if not self.branching.should_branch(delta, path.consecutive_branches, rng):
             path.consecutive_branches = 0
+            tree.segments[path.node].branch_point = BranchPoint(path.h_initial, window_entropy, probability, "no fork")
             return [], tentative
         path.consecutive_branches += 1
         granted = budget.record_branch(budget.children_per_branch())
+        tree.segments[path.node].branch_point = BranchPoint(
+            path.h_initial, window_entropy, probability, "fork", granted
+        )
         stats.branches += granted
         children = tentative[:granted] + [self._child(path) for _ in range(granted - len(tentative))]
         for child in children:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from rllib_arpo.core.tree import RolloutTree, SegmentKind
+from rllib_arpo.core.tree import BranchPoint, RolloutTree, SegmentKind
 from rllib_arpo.rollout.engine import Generation, SamplingParams
 from rllib_arpo.rollout.settings import RolloutSettings
 from rllib_arpo.rollout.tree_rollout import TreeRollout
@@ -95,6 +95,9 @@ class FixedBranching:
         self.branch = branch
         self.deltas: list[float] = []
 
+    def branch_probability(self, delta_entropy, consecutive_branches=0) -> float:
+        return 0.5 + delta_entropy  # a score that shows which dH it was given
+
     def should_branch(self, delta_entropy, consecutive_branches=0, rng=None) -> bool:
         self.deltas.append(delta_entropy)
         return self.branch
@@ -156,6 +159,8 @@ def test_always_branch_forks_from_the_tool_segment_within_budget(tools, early_ch
         below = children(tree, t)
         assert len(below) == 2
         assert all(tree.segments[c].token_ids == TOKENIZER.encode(ANSWER) for c in below)
+        # what the run report shows at the fork: H_initial, H_t, P_t of dH = 0.5, one child
+        assert segment.branch_point == BranchPoint(0.25, 0.75, 1.0, "fork", 1)
     assert len(children(tree, None)) == 2  # only N paths start at the prompt
     assert tree.num_branch_points() == 3  # the prompt and both tool results
 
@@ -193,6 +198,9 @@ class ScriptedBranching:
 
     def __init__(self, decisions: list[bool]):
         self.decisions = list(decisions)
+
+    def branch_probability(self, delta_entropy, consecutive_branches=0) -> float:
+        return 0.5
 
     def should_branch(self, delta_entropy, consecutive_branches=0, rng=None) -> bool:
         return self.decisions.pop(0)
@@ -368,3 +376,26 @@ def test_branching_none_starts_all_m_paths_at_the_prompt(tools):
     # M = 4 paths from the prompt in the first round; the (forking) policy is never asked
     assert tree.num_trajectories == 4 and stats.branches == 0
     assert len(children(tree, None)) == 4 and policy.deltas == []
+
+
+NO_FORK = BranchPoint(0.25, 0.75, 1.0, "no fork", 0)
+NO_BUDGET = BranchPoint(0.25, 0.75, None, "no budget", 0)
+
+
+@pytest.mark.parametrize(
+    ("branch", "initial_rollouts", "expected"),
+    [(False, 2, [NO_FORK, NO_FORK, NO_BUDGET, NO_BUDGET]), (True, 4, [NO_BUDGET] * 4)],
+)
+def test_a_tool_result_keeps_the_entropies_after_it_and_why_the_path_did_not_fork(
+    tools, branch, initial_rollouts, expected
+):
+    """M = 4: two initial paths that decline their fork keep P_t, and the two top-ups that
+    replace the forks (no budget to fork) are never asked; with N = M there is no budget at all.
+    Every tool result keeps H_initial and H_t."""
+    _, _, runner = rollout(
+        SEARCH_THEN_ANSWER, tools, branch=branch, initial_rollouts=initial_rollouts, total_rollouts=4, branch_factor=2
+    )
+    (tree,), _ = runner.run([TOKENIZER.encode("Q?")], seed=0)
+    assert [s.branch_point for s in tree.segments if s.kind is SegmentKind.TOOL] == expected
+    assert all(s.branch_point is None for s in tree.segments if s.kind is SegmentKind.MODEL)
+    assert NO_FORK.delta_entropy == 0.5
