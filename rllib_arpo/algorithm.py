@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from ray import tune
@@ -42,11 +42,12 @@ from rllib_arpo.config_fields import (
     unknown_field_hint,
 )
 from rllib_arpo.config_rules import validate_config
-from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
+from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, AttributedRows, compute_advantages
 from rllib_arpo.core.settings import default_of
-from rllib_arpo.core.tree import SegmentKind
+from rllib_arpo.core.tree import RolloutTree, SegmentKind
 from rllib_arpo.eval.evaluate import evaluate_env_runner
 from rllib_arpo.eval.report import BEFORE_TRAINING, EVALUATION
+from rllib_arpo.eval.saved_trees import SAVED_TREES_FILE, append_saved_trees, span_attribution, tree_record
 from rllib_arpo.family import FAMILY
 from rllib_arpo.learner.backends import LEARNER_BACKENDS
 from rllib_arpo.learner.checkpoint import (
@@ -175,8 +176,21 @@ class ARPOConfig(AlgorithmConfig):
             raise ValueError(f"ARPOConfig: {error}") from None
 
 
-def fill_batch(sample, target: int, keep_informative: bool, max_rounds: int) -> tuple[list[tuple], int, int]:
-    """The prompt groups of one iteration: ``(tree, rewards, token_kl, pad_token_id)`` per prompt.
+class PromptGroup(NamedTuple):
+    """One prompt's part of an iteration's batch: its tree, the rewards it trains on and the
+    correctness of each trajectory, its token KL (``reward_kl_coef`` > 0), the pad token and the
+    prompt's ground truth (for the run report)."""
+
+    tree: RolloutTree
+    rewards: np.ndarray
+    correctness: np.ndarray
+    token_kl: list[np.ndarray] | None
+    pad_token_id: int
+    ground_truth: str | None
+
+
+def fill_batch(sample, target: int, keep_informative: bool, max_rounds: int) -> tuple[list[PromptGroup], int, int]:
+    """The prompt groups of one iteration, a ``PromptGroup`` per prompt.
 
     ``sample()`` returns the ``RolloutBatch`` of every EnvRunner. Without ``keep_informative``
     one round is taken as it is. With it (DAPO's dynamic sampling, arXiv 2503.14476, eq. 11:
@@ -190,10 +204,13 @@ def fill_batch(sample, target: int, keep_informative: bool, max_rounds: int) -> 
         rounds += 1
         for batch in sample():
             token_kl = batch.token_kl or [None] * len(batch.trees)
-            for tree, rewards, correctness, kl in zip(batch.trees, batch.rewards, batch.correctness, token_kl):
+            truths = batch.ground_truths or [None] * len(batch.trees)
+            for tree, rewards, correctness, kl, truth in zip(
+                batch.trees, batch.rewards, batch.correctness, token_kl, truths
+            ):
                 sampled += 1
                 if not keep_informative or np.ptp(correctness) > 0:
-                    groups.append((tree, rewards, kl, batch.pad_token_id))
+                    groups.append(PromptGroup(tree, rewards, correctness, kl, batch.pad_token_id, truth))
     return (groups[:target] if keep_informative else groups), rounds, sampled
 
 
@@ -236,6 +253,7 @@ class ARPO(Algorithm):
         self.pipeline = RolloutPipeline(config.max_staleness) if config.max_staleness else None
         # the result row of every iteration so far, as Tune logs it (a checkpoint keeps them)
         self.result_rows: list[str] = []
+        self.report_tokenizer = None  # loaded by save_trees on first use
         self.continued_from = self.continue_from_latest_checkpoint_on_disk()
 
     def train(self) -> dict:
@@ -271,15 +289,16 @@ class ARPO(Algorithm):
             self.metrics.log_value("dynamic_sampling_kept_fraction", len(groups) / sampled, window=1)
         if not groups:
             return
-        trees, rewards, token_kl, pad_token_ids = (list(column) for column in zip(*groups))
-        pad_token_id = pad_token_ids[0]
+        trees, rewards, token_kl = [g.tree for g in groups], [g.rewards for g in groups], [g.token_kl for g in groups]
 
         # 2. advantages (tree-aware)
         options = ADVANTAGE_ESTIMATORS.get(cfg.advantage_estimator).options_from(cfg)
         if cfg.reward_kl_coef > 0:
             options["token_kl"] = [kl for tree_kl in token_kl for kl in tree_kl]
         attributed = compute_advantages(cfg.advantage_estimator, trees, rewards, **options)
-        train_batch = pad_rows(attributed.rows, attributed.advantages, pad_token_id)
+        if cfg.saved_trees:
+            self.save_trees(groups[: cfg.saved_trees], attributed)
+        train_batch = pad_rows(attributed.rows, attributed.advantages, groups[0].pad_token_id)
         num_tokens = int(train_batch["loss_mask"].sum())
 
         # 3. learner update (one learner, or DDP / DeepSpeed shards with the global token mean)
@@ -296,6 +315,39 @@ class ARPO(Algorithm):
         self.metrics.log_value("trained_tokens", num_tokens, window=1)
         if cfg.held_out_interval and (self.iteration + 1) % cfg.held_out_interval == 0:
             self.evaluate_held_out(after_iteration=self.iteration + 1)
+
+    def save_trees(self, groups: list[PromptGroup], attributed: AttributedRows) -> None:
+        """The trees of ``groups`` (the first of the batch) with their rewards and the advantage
+        attribution of every span, as this iteration's line of the trial's ``rollout_trees.jsonl``
+        (``eval.saved_trees``; decoded with the policy's tokenizer)."""
+        if self.report_tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self.report_tokenizer = AutoTokenizer.from_pretrained(self.config.model_path)
+        records, first_row = [], 0
+        for group in groups:
+            rows = slice(first_row, first_row + group.tree.num_trajectories)
+            first_row = rows.stop
+            attribution = span_attribution(group.tree, attributed.rows[rows], attributed.advantages[rows])
+            records.append(
+                tree_record(
+                    group.tree,
+                    self.report_tokenizer.decode,
+                    group.rewards,
+                    group.correctness,
+                    attribution,
+                    group.ground_truth,
+                )
+            )
+        append_saved_trees(self.trial_directory() / SAVED_TREES_FILE, self.iteration + 1, self.weights_version, records)
+
+    def trial_directory(self) -> Path:
+        """Where the trial's results are (Tune's local storage: ``result.json``, checkpoints), or
+        the Trainable's own directory otherwise."""
+        storage = self._storage
+        if storage is not None and storage.storage_filesystem.type_name == "local":
+            return Path(storage.trial_fs_path)
+        return Path(self.logdir)
 
     def sample_trees(self) -> list[RolloutBatch]:
         """One ``RolloutBatch`` from every EnvRunner; their metrics go to ``env_runners/``, and the

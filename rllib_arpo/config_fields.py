@@ -122,7 +122,8 @@ class ToolSettings:
 
 @dataclass(frozen=True)
 class HeldOutSettings:
-    """Held-out evaluation during training (results under `evaluation/`)."""
+    """What a run measures and keeps besides training: held-out evaluation (results under `evaluation/`) and
+    the rollout trees of the run report (`rllib report`)."""
 
     held_out_interval: int = setting(
         0, "0: off; else evaluate before the first update and after every `held_out_interval` iterations."
@@ -133,10 +134,19 @@ class HeldOutSettings:
     )
     held_out_size: int | None = setting(None, "Evaluate the first this many questions; null: all.")
     held_out_temperature: float = setting(0.0, "Sampling temperature of the evaluation (0 = greedy).")
+    saved_trees: int = setting(
+        2,
+        "Rollout trees kept each iteration for `rllib report` (the batch's first prompts, with their spans, fork "
+        "decisions, rewards and advantages), in the trial's `rollout_trees.jsonl`; 0: none.",
+    )
 
     def __post_init__(self) -> None:
         _at_least(
-            {"held_out_interval": (self.held_out_interval, 0), "held_out_temperature": (self.held_out_temperature, 0.0)}
+            {
+                "held_out_interval": (self.held_out_interval, 0),
+                "held_out_temperature": (self.held_out_temperature, 0.0),
+                "saved_trees": (self.saved_trees, 0),
+            }
         )
 
 

@@ -35,3 +35,8 @@ class PromptExample:
         of those four names is shadowed by the example's own)."""
         own = {"prompt": self.prompt, "ground_truth": self.ground_truth, "task": self.task, "source": self.source}
         return {**self.extra, **own}
+
+    def ground_truth_text(self) -> str:
+        """The ground truth as the run report shows it: accepted answers joined by `` | ``."""
+        truth = self.ground_truth
+        return " | ".join(truth) if isinstance(truth, tuple) else str(truth)

@@ -75,7 +75,8 @@ class RolloutBatch:
     """What one ``sample()`` returns: one tree per prompt, the reward RL trains on and the
     correctness S of each trajectory, the runner's data position after this sample and, when
     ``reward_kl_coef`` > 0, the per-token KL to the initial policy of each trajectory
-    (``rollout.reference``; one list of arrays per tree, aligned with its full rows)."""
+    (``rollout.reference``; one list of arrays per tree, aligned with its full rows), and each
+    prompt's ground truth (the run report shows it beside the trees)."""
 
     trees: list[RolloutTree]
     rewards: list[np.ndarray]
@@ -86,6 +87,7 @@ class RolloutBatch:
     position: DataPosition = DataPosition()
     token_kl: list[list[np.ndarray]] | None = None
     runner_metrics: dict | None = None  # get_metrics() right after this sample, in the same request
+    ground_truths: list[str] | None = None
 
 
 def build_engine(config):
@@ -194,7 +196,10 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         self._log_rollout_metrics(examples, trees, scores, rewards, stats, time.perf_counter() - start)
         correctness = [np.array([score.correctness for score in tree_scores]) for tree_scores in scores]
         version, pad = self.engine.weights_version, self.tokenizer.pad_token_id
-        return RolloutBatch(trees, rewards, correctness, version, pad, self.worker_index or 0, self.position, token_kl)
+        truths = [example.ground_truth_text() for example in examples]
+        return RolloutBatch(
+            trees, rewards, correctness, version, pad, self.worker_index or 0, self.position, token_kl, None, truths
+        )
 
     def _log_rollout_metrics(self, examples, trees, scores, trained_rewards, stats, seconds: float) -> None:
         """One value per metric and ``sample()`` call (window 1: the latest iteration).

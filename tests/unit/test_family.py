@@ -159,6 +159,7 @@ class FakeBatch:
     correctness: list
     pad_token_id: int = 0
     token_kl: list | None = None
+    ground_truths: list | None = None
 
     @property
     def rewards(self) -> list:  # shaped rewards that differ in every group: length penalties
@@ -175,12 +176,12 @@ def test_dapo_dynamic_sampling_refills_the_batch_with_groups_of_mixed_correctnes
     groups, count, sampled = fill_batch(lambda: next(rounds), target=3, keep_informative=True, max_rounds=4)
     # round 1 keeps b only (a and c differ in shaped reward but not in correctness); round 2 adds
     # d and f (F1 0.5 vs 0): 3 groups, then it stops
-    assert [g[0] for g in groups] == ["b", "d", "f"] and (count, sampled) == (2, 6)
-    assert groups[0][1].tolist() == [0.0, 0.9]  # the group trains on its shaped rewards
+    assert [g.tree for g in groups] == ["b", "d", "f"] and (count, sampled) == (2, 6)
+    assert groups[0].rewards.tolist() == [0.0, 0.9]  # the group trains on its shaped rewards
     # without dynamic sampling one round is taken as it is
     one = iter([[FakeBatch(["a", "b"], [np.array([1.0, 1.0]), np.array([0.0, 1.0])])]])
     groups, count, _ = fill_batch(lambda: next(one), target=3, keep_informative=False, max_rounds=1)
-    assert [g[0] for g in groups] == ["a", "b"] and count == 1
+    assert [g.tree for g in groups] == ["a", "b"] and count == 1
     # the rounds are capped, the batch is cut to the target
     same = [FakeBatch(["x", "y"], [np.array([0.0, 1.0]), np.array([1.0, 1.0])])]
     groups, count, _ = fill_batch(lambda: same, target=5, keep_informative=True, max_rounds=3)

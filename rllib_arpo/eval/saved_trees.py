@@ -1,0 +1,128 @@
+"""Rollout trees kept for the run report: one compact, JSON-ready record per tree.
+
+ARPO's tree (``core.tree``) is stored here as the run report draws it: the text of each span
+(segment) with its author and length, the mean entropy of a model span, at each tool result the
+entropies before and after it and the fork decision (``core.tree.BranchPoint``), each leaf's
+reward, correctness and advantage, and for every model span the rows that train it with the
+advantage it gets there. That last list is the attribution of a shared span: one entry (trained
+once, with the mean advantage of the trajectories below it) is ARPO's hard advantage; one entry
+per trajectory (each with its own advantage) is the soft one and GRPO's.
+
+During training the driver appends one line per iteration to ``SAVED_TREES_FILE`` in the trial's
+directory: ``{"iteration": k, "weights_version": v, "trees": [record, ...]}`` for the first
+``saved_trees`` prompts of the batch. A resumed run appends the iterations it runs again; a
+reader keeps the last line of each iteration (``read_saved_trees``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from rllib_arpo.core.tree import RolloutTree, SegmentKind, TrajectoryRow
+
+SAVED_TREES_FILE = "rollout_trees.jsonl"
+DIGITS = 4
+"""Decimals kept of every float: entropies, rewards and advantages to 1e-4 are what a reader can use."""
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(float(value), DIGITS)
+
+
+def span_attribution(tree: RolloutTree, rows: Sequence[TrajectoryRow], advantages: Sequence[np.ndarray]) -> list:
+    """For each segment, ``[[trajectory, advantage], ...]``: the rows (trajectory order, as
+    ``tree.to_rows`` gives them) whose loss mask trains some of its tokens, with the mean advantage
+    of those tokens there. Tool segments are never trained: their lists are empty."""
+    trained: list[list] = [[] for _ in tree.segments]
+    for trajectory, (row, advantage) in enumerate(zip(rows, advantages, strict=True)):
+        for segment in tree.trajectory_segments(trajectory):
+            mask = (row.segment_ids == segment) & (row.loss_mask > 0)
+            if mask.any():
+                trained[segment].append([trajectory, _rounded(np.mean(advantage[mask]))])
+    return trained
+
+
+def tree_record(
+    tree: RolloutTree,
+    decode: Callable[[list[int]], str],
+    rewards: Sequence[float],
+    correctness: Sequence[float],
+    attribution: list | None = None,
+    ground_truth: str | None = None,
+) -> dict:
+    """The JSON-ready record of ``tree`` (module docstring): ``decode`` turns token ids into text,
+    ``rewards[i]`` and ``correctness[i]`` are trajectory i's, ``attribution`` is
+    ``span_attribution``'s (training; None in an evaluation, which trains nothing)."""
+    if not len(rewards) == len(correctness) == tree.num_trajectories:
+        raise ValueError(f"{len(rewards)} rewards, {len(correctness)} scores for {tree.num_trajectories} trajectories")
+    members = tree.segment_members()
+    segments = []
+    for index, segment in enumerate(tree.segments):
+        record = {
+            "parent": segment.parent,
+            "kind": segment.kind.value,
+            "text": decode(segment.token_ids),
+            "tokens": len(segment.token_ids),
+            "members": members[index],
+        }
+        if segment.kind is SegmentKind.TOOL:
+            record["tool"] = segment.tool_name
+            point = segment.branch_point
+            if point is not None:
+                record["branch"] = {
+                    "h_initial": _rounded(point.h_initial),
+                    "h_after": _rounded(point.h_after),
+                    "dh": _rounded(point.delta_entropy),
+                    "p": _rounded(point.probability),
+                    "decision": point.decision,
+                    "children": point.children,
+                }
+        else:
+            record["entropy"] = _rounded(np.mean(segment.entropies)) if segment.entropies else None
+            if attribution is not None:
+                record["trained"] = attribution[index]
+        segments.append(record)
+    leaves = []
+    for trajectory, leaf in enumerate(tree.leaves):
+        own = [a for t, a in attribution[leaf] if t == trajectory] if attribution is not None else []
+        leaves.append(
+            {
+                "segment": leaf,
+                "reward": _rounded(rewards[trajectory]),
+                "correct": _rounded(correctness[trajectory]),
+                "finish": tree.finish_reasons[trajectory],
+                "advantage": own[0] if own else None,
+            }
+        )
+    record = {"prompt": decode(tree.prompt_ids), "segments": segments, "leaves": leaves}
+    if ground_truth is not None:
+        record["ground_truth"] = str(ground_truth)
+    return record
+
+
+def append_saved_trees(path: Path, iteration: int, weights_version: int, trees: list[dict]) -> None:
+    """One iteration's line of ``SAVED_TREES_FILE``."""
+    line = json.dumps({"iteration": iteration, "weights_version": weights_version, "trees": trees}, ensure_ascii=False)
+    with open(path, "a", encoding="utf-8") as file:
+        file.write(line + "\n")
+
+
+def read_saved_trees(path: Path) -> tuple[dict[int, dict], int]:
+    """(iteration -> its last saved line, lines that could not be read): a line cut off by a kill
+    mid-write is counted, not raised."""
+    by_iteration, unreadable = {}, 0
+    if not path.is_file():
+        return by_iteration, unreadable
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+            by_iteration[int(entry["iteration"])] = entry
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            unreadable += 1
+    return dict(sorted(by_iteration.items())), unreadable
