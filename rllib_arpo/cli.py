@@ -15,6 +15,9 @@ Ray 2.60 no longer ships an ``rllib`` command; this one keeps the classic form:
   demonstrations (``cold_start.sft.cold_start``).
 - ``rllib check-gpu [--model M] [--only PIECE ...] [--json PATH]``: PASS / FAIL / SKIP for each
   piece a GPU machine must run (``gpu_check``); exit status 1 if any piece fails.
+- ``rllib report RUN_DIR``: the run report as one HTML page per trial (curves, held-out table,
+  rollout trees; ``eval.run_page``), also written at the end of ``rllib train`` and by
+  ``rllib evaluate``.
 
 A problem with the input exits with status 2 and one line, ``rllib: error: ...``, naming the
 file, the experiment and the key.
@@ -161,6 +164,7 @@ def train_file(
             if result.path:
                 table, plot = write_report(result.path)
                 print(table + (f"\nplot: {plot}" if plot else ""))
+                print_run_report(result.path)
     if owns_ray and ray.is_initialized():
         ray.shutdown()
     return 1 if failed else 0
@@ -233,6 +237,22 @@ def evaluate(args: argparse.Namespace) -> int:
     with pd.option_context("display.width", 200, "display.max_columns", None, "display.precision", 3):
         print(table.to_string(index=False))
     print(f"results: {output / 'results.csv'}, {output / 'results.json'}; transcripts: {output / 'transcripts'}")
+    print_run_report(output)
+    return 0
+
+
+def print_run_report(run_dir: str | Path) -> int:
+    """Write the run report of ``run_dir`` (``eval.run_page.write_run_report``) and print each
+    page's path with what its run lacks, one line each; 1 where there is nothing to report."""
+    from rllib_arpo.eval.run_page import ReportError, write_run_report
+
+    try:
+        pages = write_run_report(run_dir)
+    except ReportError as error:
+        print(f"rllib report: {error}", file=sys.stderr)
+        return 1
+    for page, notes in pages:
+        print(f"report: {page}" + (f" (missing: {'; '.join(notes)})" if notes else ""))
     return 0
 
 
@@ -379,6 +399,13 @@ def build_parser() -> argparse.ArgumentParser:
     cold.add_argument("--search-top-k", type=int, default=3)
     cold.add_argument("--reference-limit", type=int, help="use at most this many reference-set demonstrations")
 
+    report = commands.add_parser(
+        "report", help="write a run's report as one HTML page: curves, held-out table, rollout trees"
+    )
+    report.add_argument(
+        "run_dir", help="a trial's directory, an experiment's, a storage path, or an evaluation's output"
+    )
+
     check = commands.add_parser("check-gpu", help="check a GPU machine: PASS / FAIL / SKIP per piece")
     check.add_argument("--model", default="tiny", help="named model or save_pretrained directory (default: tiny)")
     check.add_argument("--only", nargs="+", choices=GPU_CHECK_PIECES, help="run only these pieces")
@@ -413,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:
             return cold_start(args)
         if args.command == "check-gpu":
             return check_gpu(args)
+        if args.command == "report":
+            return print_run_report(args.run_dir)
         if args.dry_run:
             return dry_run(args.config_file, args.stop, args.config, args.imports)
         return train_file(

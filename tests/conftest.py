@@ -89,3 +89,30 @@ def small_config(tiny_model_path):
     )
     config.seed = 0
     return config
+
+
+CHROMIUM_FLAGS = [
+    "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+"""A headless Chromium that opens pages from disk and asks the (closed) network for nothing."""
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's Chromium (``apt-get install chromium``; .ci/run installs it), driven by Playwright.
+    Without it the test skips, except in CI (``CI`` set), where it fails."""
+    import shutil
+
+    executable = shutil.which("chromium")
+    if executable is None:
+        message = "needs Debian's chromium (apt-get install chromium)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
+        yield chromium
+        chromium.close()

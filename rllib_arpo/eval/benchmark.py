@@ -19,7 +19,9 @@ accuracy are the training ones (``eval.evaluate``). Output:
 - a table, one row per benchmark (pass@1 and pass@k, format-error rate, tool calls and response
   tokens per trajectory, minutes), printed and written to ``results.csv`` and ``results.json``
   (with the settings of the run);
-- ``transcripts/<benchmark>.jsonl``: every question with its samples, scores and tool calls.
+- ``transcripts/<benchmark>.jsonl``: every question with its samples, scores and tool calls;
+- ``report.html``: the table and every question's samples as a tree, in the browser
+  (``eval.run_page``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.core.settings import from_config
 from rllib_arpo.data.registry import DATASET_LOADERS
 from rllib_arpo.eval.evaluate import QuestionResult, rollout_questions, summarize
+from rllib_arpo.eval.run_page import PAGE_FILE, evaluation_page, write_page
 from rllib_arpo.rollout.settings import RolloutSettings
 
 
@@ -177,6 +180,7 @@ def evaluate_benchmarks(
             metrics = summarize(results, tuple(config.tools), ks)
             rows.append(_table_row(benchmark.name, len(results), samples, metrics, ks, config.tools, minutes))
             table = _write_table(rows, settings, output_dir)  # after every benchmark: nothing lost on a crash
+            write_page(evaluation_page(output_dir), output_dir / PAGE_FILE)
     finally:
         if hasattr(engine, "close"):
             engine.close()

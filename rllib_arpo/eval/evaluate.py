@@ -35,6 +35,7 @@ from rllib_arpo.core.settings import from_config
 from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.data.prompts import encode_prompt
 from rllib_arpo.data.registry import DATASET_LOADERS, load_dataset
+from rllib_arpo.eval.saved_trees import tree_record
 from rllib_arpo.rollout.engine import GenerationEngine
 from rllib_arpo.rollout.episodes import Episodes
 from rllib_arpo.rollout.scoring import accuracy_by_source, score_trees
@@ -46,13 +47,15 @@ from rllib_arpo.tools.base import ToolExecutor
 @dataclass
 class QuestionResult:
     """The n sampled trajectories of one question: decoded responses (tool results included),
-    their reward breakdowns, tool calls and lengths in tokens."""
+    their reward breakdowns, tool calls and lengths in tokens, and the question's rollout as the
+    run report draws it (``eval.saved_trees.tree_record``: the samples hang below the prompt)."""
 
     example: PromptExample
     responses: list[str]
     scores: list[RewardBreakdown]
     tool_calls: list[dict[str, int]]
     response_tokens: list[int]
+    tree: dict | None = None
 
     def transcript(self) -> dict:
         """A JSON-ready record of the question and its samples."""
@@ -75,6 +78,7 @@ class QuestionResult:
                     self.responses, self.scores, self.tool_calls, self.response_tokens
                 )
             ],
+            "tree": self.tree,
         }
 
 
@@ -114,6 +118,7 @@ def rollout_questions(
             batch, trees, score_trees(trees, batch, tokenizer, reward_settings, rollout.tool_names)
         ):
             trajectories = range(tree.num_trajectories)
+            rewards, correctness = [s.reward for s in scores], [s.correctness for s in scores]
             results.append(
                 QuestionResult(
                     example,
@@ -121,6 +126,13 @@ def rollout_questions(
                     scores,
                     [dict(tree.tool_calls(i)) for i in trajectories],
                     [len(tree.trajectory_response_ids(i)) for i in trajectories],
+                    tree_record(
+                        tree,
+                        tokenizer.decode,
+                        rewards,
+                        correctness,
+                        ground_truth=example.ground_truth_text(),
+                    ),
                 )
             )
     return results

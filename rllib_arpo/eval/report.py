@@ -26,10 +26,25 @@ TABLE_METRICS = (
 
 
 def read_results(trial_dir: str | Path) -> list[dict]:
+    """The result rows of the trial in ``trial_dir`` (none where it has no ``result.json``)."""
+    return read_result_rows(trial_dir)[0]
+
+
+def read_result_rows(trial_dir: str | Path) -> tuple[list[dict], int]:
+    """(the readable rows of ``result.json``, how many lines were not readable: cut off by a kill
+    while Tune wrote them)."""
     path = Path(trial_dir) / "result.json"
+    rows, unreadable = [], 0
     if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return rows, unreadable
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            unreadable += 1
+    return rows, unreadable
 
 
 def evaluations(results: list[dict]) -> list[tuple[int, dict]]:

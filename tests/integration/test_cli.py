@@ -13,7 +13,7 @@ from rllib_arpo.experiment_file import RESULT_GROUPS, RESULT_VALUES, ConfigError
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_rllib_train_file_tiny_yaml_writes_tensorboard_and_metrics(tiny_policy_cache, tmp_path):
+def test_rllib_train_file_tiny_yaml_writes_tensorboard_and_metrics(tiny_policy_cache, tmp_path, browser):
     env = {**os.environ, "RLLIB_ARPO_CACHE": str(tiny_policy_cache)}
     command = [
         sys.executable, "-m", "rllib_arpo.cli", "train", "file", str(REPO / "tuned_examples" / "arpo_tiny.yaml"),
@@ -47,6 +47,91 @@ def test_rllib_train_file_tiny_yaml_writes_tensorboard_and_metrics(tiny_policy_c
     assert results[0]["evaluation_before_training"]["after_iteration"] == 0
     assert "held-out split" in completed.stdout
     assert (result_files[0].parent / "training.png").is_file()
+    # the run report: two trees saved per iteration, and the page that draws them
+    trial = result_files[0].parent
+    saved = [json.loads(line) for line in (trial / "rollout_trees.jsonl").read_text().splitlines()]
+    assert [(entry["iteration"], len(entry["trees"])) for entry in saved] == [(1, 2), (2, 2)]
+    for tree in (tree for entry in saved for tree in entry["trees"]):
+        assert len(tree["leaves"]) == 8  # M trajectories, each ending at a model span
+        assert all(tree["segments"][leaf["segment"]]["kind"] == "model" for leaf in tree["leaves"])
+        # every trajectory starts at the prompt or is a child forked at a tool result
+        roots = sum(s["parent"] is None for s in tree["segments"])
+        assert roots + sum(s.get("branch", {}).get("children", 0) for s in tree["segments"]) == 8
+    assert f"report: {trial / 'report.html'}" in completed.stdout
+    forked = [
+        (entry["iteration"], index, tree)
+        for entry in saved
+        for index, tree in enumerate(entry["trees"])
+        if any(s.get("branch", {}).get("children") for s in tree["segments"])
+    ]
+    assert forked, "no saved tree forked: nothing to draw as a tree"
+    check_report_in_browser(browser, trial / "report.html", saved[-1]["trees"][0], forked[0])
+
+
+def check_report_in_browser(browser, page_path: Path, first_shown: dict, forked: tuple[int, int, dict]) -> None:
+    """The page opens with the last iteration's first tree and draws it span for span, and so it
+    does a tree that forked, chosen in its menus; a click on a span's summary expands it; a
+    leaf's transcript shows its path."""
+    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    errors = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+    page.goto(page_path.as_uri())
+    spans = page.locator("#tree .span")
+    assert spans.count() == len(first_shown["segments"])
+    iteration, index, shown_tree = forked
+    page.select_option("#tree-group", label=f"iteration {iteration}")
+    page.select_option("#tree-choice", label=f"prompt {index + 1}")
+    assert spans.count() == len(shown_tree["segments"])
+    check_shape(drawn_shape(page), shown_tree["segments"])
+    assert page.locator("#tree .note").count() == 0
+    first = spans.first
+    assert first.get_attribute("open") is None
+    first.locator("summary").first.click()
+    assert first.get_attribute("open") is not None
+    assert shown_tree["segments"][0]["text"].strip()[:20] in first.inner_text()
+    page.locator("#tree .show-transcript").first.click()
+    assert shown_tree["prompt"].strip()[:20] in page.locator("#transcript").inner_text()
+    assert errors == []
+    page.close()
+
+
+BLOCKS_OF_SPANS = """() => {
+  const blocks = [document.getElementById("tree"), ...document.querySelectorAll("#tree .branch")];
+  return [...document.querySelectorAll("#tree .span")].map((span) => {
+    const block = span.closest(".branch, #tree");
+    const outer = block.parentElement.closest(".branch, #tree");
+    return [+span.dataset.segment, blocks.indexOf(block), blocks.indexOf(outer)];
+  });
+}"""
+"""For each drawn span: its segment, the block it is drawn in (0: the tree, k: the k-th branch
+block) and the block that block hangs in."""
+
+
+def drawn_shape(page) -> dict[int, tuple[int, int]]:
+    return {segment: (block, outer) for segment, block, outer in page.evaluate(BLOCKS_OF_SPANS)}
+
+
+def check_shape(drawn: dict[int, tuple[int, int]], segments: list[dict]) -> None:
+    """The tree as the page must draw it, in the blocks of ``drawn_shape``: an only child stays in
+    its parent's block (a chain reads down one column), each child of a fork gets a branch block
+    of its own, directly inside its parent's block."""
+    children = {None: []} | {i: [] for i in range(len(segments))}
+    for i, segment in enumerate(segments):
+        children[segment["parent"]].append(i)
+    assert sorted(drawn) == list(range(len(segments)))
+    for parent, below in children.items():
+        block_of_parent = 0 if parent is None else drawn[parent][0]
+        for child in below:
+            block, outer = drawn[child]
+            if len(below) == 1:
+                assert block == block_of_parent, f"segment {child}, the only child of {parent}, left its block"
+            else:
+                assert block != block_of_parent and outer == block_of_parent, (
+                    f"segment {child} is no branch of {parent}"
+                )
+    forks = [below for below in children.values() if len(below) > 1]
+    assert len({drawn[child][0] for below in forks for child in below}) == sum(map(len, forks))  # a block each
 
 
 def write(tmp_path, text: str) -> str:

@@ -1,0 +1,118 @@
+"""The run report's page data, from whole and partial run directories, and ``rllib report``'s
+one-line answers."""
+
+import json
+import math
+
+import pytest
+
+from rllib_arpo.cli import main
+from rllib_arpo.eval.run_page import DATA_PLACEHOLDER, PAGE_TEMPLATE, ReportError, training_page, write_run_report
+from rllib_arpo.eval.saved_trees import append_saved_trees
+
+NAN = float("nan")
+
+
+def result_row(iteration: int, reward: float, evaluation: float | None, before: float | None = None) -> dict:
+    """A result row as Tune writes it: nested groups, NaN for what the iteration did not measure."""
+    return {
+        "training_iteration": iteration,
+        "env_runners": {
+            "reward_mean": reward,
+            "tool_calls_per_trajectory": {"search": iteration / 2, "python": 0.25},
+            "entropy_change_after_tool": -0.5 * iteration,
+        },
+        "learners": {"default_policy": {"kl": 0.125 * iteration}},
+        "staleness_mean": 0.0,
+        "evaluation": {"accuracy": NAN if evaluation is None else evaluation, "after_iteration": iteration}
+        if evaluation is not None
+        else {"accuracy": NAN, "after_iteration": NAN},
+        "evaluation_before_training": {"accuracy": before, "after_iteration": 0}
+        if before is not None
+        else {"accuracy": NAN, "after_iteration": NAN},
+    }
+
+
+def write_trial(directory, rows, cut_off: str | None = None, trees: dict | None = None):
+    directory.mkdir(parents=True)
+    text = "".join(json.dumps(row) + "\n" for row in rows) + (cut_off or "")
+    (directory / "result.json").write_text(text)
+    for iteration, records in (trees or {}).items():
+        append_saved_trees(directory / "rollout_trees.jsonl", iteration, iteration - 1, records)
+    return directory
+
+
+TREE = {"prompt": "p", "segments": [], "leaves": []}
+
+
+def test_a_whole_trial_gives_its_curves_held_out_table_and_trees(tmp_path):
+    rows = [result_row(1, 0.25, None, before=0.5), result_row(2, 0.75, 0.875)]
+    trial = write_trial(tmp_path / "exp" / "ARPO_0", rows, trees={1: [TREE, TREE], 2: [TREE]})
+    data = training_page(trial)
+    assert data["notes"] == [] and data["title"] == "exp / ARPO_0"
+    curves = {curve["title"]: curve["series"] for curve in data["curves"]}
+    assert curves["held-out accuracy"] == [{"label": "held-out", "points": [[0, 0.5], [2, 0.875]]}]
+    assert curves["reward (training rollouts)"] == [{"label": "reward", "points": [[1, 0.25], [2, 0.75]]}]
+    assert curves["tool calls / trajectory"] == [  # one series per tool, none for the per-source keys
+        {"label": "python", "points": [[1, 0.25], [2, 0.25]]},
+        {"label": "search", "points": [[1, 0.5], [2, 1.0]]},
+    ]
+    assert curves["KL to the reference"][0]["points"] == [[1, 0.125], [2, 0.25]]
+    assert curves["staleness (weight versions)"] == [{"label": "mean", "points": [[1, 0.0], [2, 0.0]]}]
+    assert "forks per batch" not in curves  # not in these results
+    assert data["tables"][0]["columns"] == ["metric", "iteration 0", "iteration 2"]
+    assert data["tables"][0]["rows"][0] == ["accuracy", 0.5, 0.875]
+    assert [(t["group"], t["label"]) for t in data["trees"]] == [
+        ("iteration 1", "prompt 1"),
+        ("iteration 1", "prompt 2"),
+        ("iteration 2", "prompt 1"),
+    ]
+
+
+def test_a_run_killed_mid_iteration_is_reported_with_what_it_lacks(tmp_path):
+    rows = [result_row(1, 0.25, None)]
+    trial = write_trial(
+        tmp_path / "ARPO_0", rows, cut_off='{"training_iteration": 2, "env_ru', trees={1: [TREE], 2: [TREE]}
+    )
+    with open(trial / "rollout_trees.jsonl", "a") as file:
+        file.write('{"iteration": 3, "tre')
+    data = training_page(trial)
+    assert data["notes"] == [
+        "result.json: 1 line(s) cut off (the run was stopped while writing them)",
+        "no held-out evaluation (held_out_interval: 0)",
+        "rollout_trees.jsonl: 1 line(s) cut off",
+        "rollout trees of iteration 2 have no result row (stopped mid-iteration)",
+    ]
+    assert len(data["trees"]) == 2  # what was saved is shown all the same
+
+
+def test_a_trial_with_no_iteration_and_no_trees_still_gets_a_page(tmp_path, capsys):
+    trial = tmp_path / "exp" / "ARPO_0"
+    trial.mkdir(parents=True)
+    (trial / "params.json").write_text("{}")
+    ((page, notes),) = write_run_report(tmp_path)  # found two levels below the storage path
+    assert page == trial / "report.html" and notes[0] == "result.json: no iteration finished"
+    payload = page.read_text().split('<script id="run-data" type="application/json">')[1].split("</script>")[0]
+    assert json.loads(payload)["trees"] == []
+    assert main(["report", str(trial)]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith(f"report: {page} (missing: result.json: no iteration finished; ") and "\n" not in out
+
+
+def test_nothing_to_report_is_one_line_and_exit_status_1(tmp_path, capsys):
+    with pytest.raises(ReportError, match="no run here"):
+        write_run_report(tmp_path)
+    assert main(["report", str(tmp_path / "absent")]) == 1
+    err = capsys.readouterr().err
+    assert err == f"rllib report: {tmp_path / 'absent'}: no such directory\n"
+
+
+def test_the_page_escapes_its_data_and_refuses_nan(tmp_path):
+    """Text that closes a script tag cannot end the data block; NaN is not JSON and never written."""
+    assert PAGE_TEMPLATE.read_text().count(DATA_PLACEHOLDER) == 1
+    tree = {"prompt": "</script><script>alert(1)</script>", "segments": [], "leaves": []}
+    trial = write_trial(tmp_path / "ARPO_0", [result_row(1, 0.25, None)], trees={1: [tree]})
+    ((page, _),) = write_run_report(trial)
+    payload = page.read_text().split('<script id="run-data" type="application/json">')[1].split("</script>")[0]
+    assert json.loads(payload)["trees"][0]["tree"]["prompt"] == tree["prompt"]
+    assert all(math.isfinite(p[1]) for c in json.loads(payload)["curves"] for s in c["series"] for p in s["points"])
