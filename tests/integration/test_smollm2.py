@@ -77,6 +77,8 @@ def test_one_smollm2_iteration_then_rllib_evaluate_its_checkpoint(ray_session, s
     transcripts = (output / "transcripts" / "toy.jsonl").read_text().splitlines()
     assert [len(json.loads(line)["samples"]) for line in transcripts] == [2, 2]
     assert json.loads(transcripts[0])["ground_truth"] == "391"
+    assert [len(json.loads(line)["tree"]["leaves"]) for line in transcripts] == [2, 2]
+    assert f"report: {output / 'report.html'}" in completed.stdout and (output / "report.html").is_file()
     # the evaluated policy is the checkpoint's, the transformers directory it holds
     assert record["settings"]["policy"] == str(Path(checkpoint, "policy").resolve())
     exported = load_file(Path(checkpoint, "policy", "model.safetensors"))

@@ -97,6 +97,11 @@ def test_several_samples_per_question_give_pass_at_k_and_transcripts():
         seed=0,
     )
     assert [len(r.scores) for r in results] == [3, 3]
+    # the run report's tree of a question: its samples hang below the prompt, scored as above
+    tree = results[0].transcript()["tree"]
+    assert tree["ground_truth"] == "6" and [s["parent"] for s in tree["segments"]] == [None] * 3
+    assert [leaf["correct"] for leaf in tree["leaves"]] == [s.correctness for s in results[0].scores]
+    assert [tree["segments"][leaf["segment"]]["text"] for leaf in tree["leaves"]] == results[0].responses
     math_scores = sorted(s.correctness for s in results[0].scores)
     assert math_scores == [0.0, 0.0, 1.0]
     qa_f1 = 2 * (1 / 2) * 1 / (1 / 2 + 1)  # "paris france" against "paris": precision 1/2, recall 1
