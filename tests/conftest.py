@@ -99,9 +99,9 @@ CHROMIUM_FLAGS = [
 
 
 @pytest.fixture(scope="session")
-def browser():
-    """Debian's Chromium (``apt-get install chromium``; .ci/run installs it), driven by Playwright.
-    Without it the test skips, except in CI (``CI`` set), where it fails."""
+def chromium_executable():
+    """Debian's Chromium (``apt-get install chromium``; .ci/run installs it). Without it the test
+    skips, except in CI (``CI`` set), where it fails."""
     import shutil
 
     executable = shutil.which("chromium")
@@ -110,9 +110,15 @@ def browser():
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
+    return executable
+
+
+@pytest.fixture(scope="session")
+def browser(chromium_executable):
+    """That Chromium, headless, driven by Playwright."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
+        chromium = playwright.chromium.launch(executable_path=chromium_executable, args=CHROMIUM_FLAGS)
         yield chromium
         chromium.close()

@@ -212,3 +212,20 @@ def test_compare_algorithms_tabulates_and_resumes(tiny_policy_cache, tmp_path):
     again = run_script("compare_algorithms.py", *arguments, cache=tiny_policy_cache)
     assert again.strip().endswith(table.strip()) and len((tmp_path / "runs.jsonl").read_text().splitlines()) == 2
     assert out.strip().endswith(table.strip())
+
+
+def test_bench_report_measures_the_saved_trees_the_build_and_the_page_load(chromium_executable, tmp_path):
+    from rllib_arpo.eval.saved_trees import append_saved_trees
+
+    tree = {"prompt": "q", "segments": [{"parent": None, "kind": "model", "text": "a", "tokens": 1}], "leaves": []}
+    (tmp_path / "result.json").write_text('{"training_iteration": 1}\n{"training_iteration": 2}\n')
+    for iteration in (1, 2):
+        append_saved_trees(tmp_path / "rollout_trees.jsonl", iteration, iteration - 1, [tree, tree])
+    out = run_script(
+        "bench_report.py", str(tmp_path), "--loads", "1", "--json", str(tmp_path / "b.json"), cache=tmp_path
+    )
+    figures = json.loads((tmp_path / "b.json").read_text())
+    assert (figures["iterations_with_trees"], figures["trees"]) == (2, 4)
+    assert figures["saved_trees_bytes"] == (tmp_path / "rollout_trees.jsonl").stat().st_size
+    assert figures["page_bytes"] == (tmp_path / "report.html").stat().st_size and figures["render_ms"] >= 0
+    assert "load in Chromium (median of 1)" in out
