@@ -22,13 +22,8 @@ import statistics
 import time
 from pathlib import Path
 
-from rllib_arpo.eval.run_page import write_run_report
+from rllib_arpo.eval.run_page import HEADLESS_CHROMIUM_FLAGS, write_run_report
 from rllib_arpo.eval.saved_trees import SAVED_TREES_FILE, read_saved_trees
-
-CHROMIUM_FLAGS = [
-    "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync",
-]  # fmt: skip
 
 
 def page_loads(page_path: Path, loads: int) -> tuple[float, float]:
@@ -40,7 +35,7 @@ def page_loads(page_path: Path, loads: int) -> tuple[float, float]:
         raise SystemExit("needs Debian's chromium (apt-get install chromium)")
     load_ms, render_ms = [], []
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
+        browser = playwright.chromium.launch(executable_path=executable, args=list(HEADLESS_CHROMIUM_FLAGS))
         for _ in range(loads):
             page = browser.new_page()
             page.goto(page_path.as_uri())

@@ -91,13 +91,6 @@ def small_config(tiny_model_path):
     return config
 
 
-CHROMIUM_FLAGS = [
-    "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync",
-]  # fmt: skip
-"""A headless Chromium that opens pages from disk and asks the (closed) network for nothing."""
-
-
 @pytest.fixture(scope="session")
 def chromium_executable():
     """Debian's Chromium (``apt-get install chromium``; .ci/run installs it). Without it the test
@@ -118,7 +111,9 @@ def browser(chromium_executable):
     """That Chromium, headless, driven by Playwright."""
     from playwright.sync_api import sync_playwright
 
+    from rllib_arpo.eval.run_page import HEADLESS_CHROMIUM_FLAGS
+
     with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=chromium_executable, args=CHROMIUM_FLAGS)
+        chromium = playwright.chromium.launch(executable_path=chromium_executable, args=list(HEADLESS_CHROMIUM_FLAGS))
         yield chromium
         chromium.close()

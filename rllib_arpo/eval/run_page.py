@@ -41,6 +41,14 @@ CURVES: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
 ``/*`` is one series per key below it (one per tool), its label the last part."""
 
 
+HEADLESS_CHROMIUM_FLAGS = (
+    "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync",
+)  # fmt: skip
+"""Flags of a headless Chromium that opens the page from disk and asks no network for anything
+(the browser test, ``scripts/bench_report.py``)."""
+
+
 class ReportError(ValueError):
     """A run directory with nothing to report, said in one line."""
 
