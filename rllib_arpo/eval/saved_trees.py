@@ -122,6 +122,8 @@ def read_saved_trees(path: Path) -> tuple[dict[int, dict], int]:
             continue
         try:
             entry = json.loads(line)
+            if not isinstance(entry["trees"], list):
+                raise TypeError("trees is no list")
             by_iteration[int(entry["iteration"])] = entry
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
             unreadable += 1

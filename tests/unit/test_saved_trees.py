@@ -99,7 +99,8 @@ def test_the_last_line_of_an_iteration_counts_and_a_cut_off_line_is_counted(tmp_
     append_saved_trees(path, 2, 1, [])
     append_saved_trees(path, 1, 0, [{"first": False}])  # iteration 1 again, after a resume
     with open(path, "a") as file:
+        file.write('{"iteration": 4, "trees": null}\n{"trees": []}\n')  # lines of something else
         file.write('{"iteration": 3, "trees": [{"cut')  # a kill mid-write
     saved, unreadable = read_saved_trees(path)
-    assert list(saved) == [1, 2] and saved[1]["trees"] == [{"first": False}] and unreadable == 1
+    assert list(saved) == [1, 2] and saved[1]["trees"] == [{"first": False}] and unreadable == 3
     assert read_saved_trees(tmp_path / "absent.jsonl") == ({}, 0)
