@@ -106,9 +106,11 @@ def chromium_executable():
     return executable
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def browser(chromium_executable):
-    """That Chromium, headless, driven by Playwright."""
+    """That Chromium, headless, driven by Playwright, for one test: Playwright's sync API runs an
+    asyncio event loop in this thread while it is open, and ``asyncio.run`` in a later test (the
+    verifiers reward) would refuse to start beside it."""
     from playwright.sync_api import sync_playwright
 
     from rllib_arpo.eval.run_page import HEADLESS_CHROMIUM_FLAGS
