@@ -31,20 +31,24 @@ def read_results(trial_dir: str | Path) -> list[dict]:
 
 
 def read_result_rows(trial_dir: str | Path) -> tuple[list[dict], int]:
-    """(the readable rows of ``result.json``, how many lines were not readable: cut off by a kill
-    while Tune wrote them)."""
-    path = Path(trial_dir) / "result.json"
-    rows, unreadable = [], 0
+    """(the readable rows of ``result.json``, how many lines were not readable)."""
+    return read_json_lines(Path(trial_dir) / "result.json")
+
+
+def read_json_lines(path: Path) -> tuple[list, int]:
+    """(the JSON value of every readable line of ``path``, none where it does not exist; how many
+    lines were not readable: cut off by a kill while they were written)."""
+    values, unreadable = [], 0
     if not path.is_file():
-        return rows, unreadable
-    for line in path.read_text().splitlines():
+        return values, unreadable
+    for line in path.read_text(encoding="utf-8").splitlines():
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            values.append(json.loads(line))
         except json.JSONDecodeError:
             unreadable += 1
-    return rows, unreadable
+    return values, unreadable
 
 
 def evaluations(results: list[dict]) -> list[tuple[int, dict]]:
@@ -63,17 +67,30 @@ def evaluations(results: list[dict]) -> list[tuple[int, dict]]:
     return points
 
 
-def evaluation_table(results: list[dict]) -> str:
-    """First vs last held-out evaluation, one metric a line."""
+def first_and_last_evaluation(results: list[dict]) -> tuple[tuple[int, int], list[tuple[str, float, float]]] | None:
+    """The iterations of the first and the last held-out evaluation, and (label, first, last) for
+    each ``TABLE_METRICS`` metric either holds (NaN where one lacks it); None without evaluations."""
     points = evaluations(results)
     if not points:
-        return "no held-out evaluation was run (set held_out_interval > 0)"
+        return None
     (first_it, first), (last_it, last) = points[0], points[-1]
+    rows = [
+        (label, first.get(key, float("nan")), last.get(key, float("nan")))
+        for label, key in TABLE_METRICS
+        if key in first or key in last
+    ]
+    return (first_it, last_it), rows
+
+
+def evaluation_table(results: list[dict]) -> str:
+    """First vs last held-out evaluation, one metric a line."""
+    compared = first_and_last_evaluation(results)
+    if compared is None:
+        return "no held-out evaluation was run (set held_out_interval > 0)"
+    (first_it, last_it), rows = compared
     header = f"{'held-out split':<26}{'iteration ' + str(first_it):>14}{'iteration ' + str(last_it):>14}"
     lines = [header, "-" * len(header)]
-    for label, key in TABLE_METRICS:
-        if key in first or key in last:
-            lines.append(f"{label:<26}{first.get(key, float('nan')):>14.3f}{last.get(key, float('nan')):>14.3f}")
+    lines += [f"{label:<26}{first:>14.3f}{last:>14.3f}" for label, first, last in rows]
     return "\n".join(lines)
 
 

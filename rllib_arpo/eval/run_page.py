@@ -21,7 +21,9 @@ import json
 import math
 from pathlib import Path
 
-from rllib_arpo.eval.report import TABLE_METRICS, evaluations, read_result_rows
+from ray.tune.utils import flatten_dict
+
+from rllib_arpo.eval.report import evaluations, first_and_last_evaluation, read_result_rows
 from rllib_arpo.eval.saved_trees import SAVED_TREES_FILE, read_saved_trees
 
 PAGE_TEMPLATE = Path(__file__).with_name("report_page.html")
@@ -53,17 +55,16 @@ class ReportError(ValueError):
     """A run directory with nothing to report, said in one line."""
 
 
-def flat(result: dict, prefix: str = "") -> dict[str, float]:
-    """A result row's numbers by their ``a/b/c`` key; NaN and infinite values left out (RLlib
-    logs NaN for metrics an iteration did not measure)."""
-    out = {}
-    for key, value in result.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(flat(value, name + "/"))
-        elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-            out[name] = float(value)
-    return out
+def _finite(value) -> bool:
+    """A real number (not a bool), finite."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def flat(result: dict) -> dict[str, float]:
+    """A result row's numbers by their ``a/b/c`` key (Ray's ``flatten_dict``, as the CSV logger
+    names them); NaN and infinite values left out (RLlib logs NaN for metrics an iteration did not
+    measure)."""
+    return {key: float(value) for key, value in flatten_dict(result, delimiter="/").items() if _finite(value)}
 
 
 def curves(results: list[dict]) -> list[dict]:
@@ -89,21 +90,13 @@ def curves(results: list[dict]) -> list[dict]:
     return [curve for curve in out if any(s["points"] for s in curve["series"])]
 
 
-def _finite(value) -> bool:
-    return isinstance(value, int | float) and math.isfinite(value)
-
-
 def held_out_table(results: list[dict]) -> list[dict]:
     """The first and the last held-out evaluation, one metric a row (none without evaluations)."""
-    points = evaluations(results)
-    if not points:
+    compared = first_and_last_evaluation(results)
+    if compared is None:
         return []
-    (first_iteration, first), (last_iteration, last) = points[0], points[-1]
-    rows = [
-        [label, *(e[key] if _finite(e.get(key)) else None for e in (first, last))]
-        for label, key in TABLE_METRICS
-        if key in first or key in last
-    ]
+    (first_iteration, last_iteration), rows = compared
+    rows = [[label, *(value if _finite(value) else None for value in values)] for label, *values in rows]
     columns = ["metric", f"iteration {first_iteration}", f"iteration {last_iteration}"]
     return [{"title": "held-out split", "columns": columns, "rows": rows}]
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from rllib_arpo.core.tree import RolloutTree, SegmentKind, TrajectoryRow
+from rllib_arpo.eval.report import read_json_lines
 
 SAVED_TREES_FILE = "rollout_trees.jsonl"
 DIGITS = 4
@@ -113,18 +114,14 @@ def append_saved_trees(path: Path, iteration: int, weights_version: int, trees: 
 
 def read_saved_trees(path: Path) -> tuple[dict[int, dict], int]:
     """(iteration -> its last saved line, lines that could not be read): a line cut off by a kill
-    mid-write is counted, not raised."""
-    by_iteration, unreadable = {}, 0
-    if not path.is_file():
-        return by_iteration, unreadable
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
+    mid-write, or one without an iteration and a list of trees, is counted, not raised."""
+    entries, unreadable = read_json_lines(path)
+    by_iteration = {}
+    for entry in entries:
         try:
-            entry = json.loads(line)
             if not isinstance(entry["trees"], list):
                 raise TypeError("trees is no list")
             by_iteration[int(entry["iteration"])] = entry
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError):
             unreadable += 1
     return dict(sorted(by_iteration.items())), unreadable
