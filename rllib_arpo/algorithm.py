@@ -63,6 +63,7 @@ from rllib_arpo.learner.packing import pad_rows
 from rllib_arpo.learner.rl_module import MODEL_CONFIG_KEYS, CausalLMModule
 from rllib_arpo.learner.rllib_compat import thawed
 from rllib_arpo.metrics_export import RayMetricsExporter
+from rllib_arpo.models.lora import LoraSettings
 from rllib_arpo.rollout.env_runner import ARPOEnvRunner, DataPosition, RolloutBatch
 from rllib_arpo.rollout_pipeline import RolloutPipeline, SampleFailure, batch_staleness, sample_or_failure
 from rllib_arpo.weights import WEIGHT_SYNCS
@@ -484,7 +485,8 @@ class ARPO(Algorithm):
             directory = str(Path(path) / partitions)
             self.learner_group.foreach_learner(lambda learner: learner.save_engines(directory))
         weights = policy_weights(self.learner_group)
-        export_policy(weights, self.config.model_path, Path(path) / POLICY_DIRECTORY, self.config.dtype)
+        lora = LoraSettings.from_config(self.config.lora)
+        export_policy(weights, self.config.model_path, Path(path) / POLICY_DIRECTORY, self.config.dtype, lora)
         (Path(path) / RESULTS_FILE).write_text("".join(row + "\n" for row in self.result_rows))
         write_manifest(path)
         return path

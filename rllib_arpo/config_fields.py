@@ -27,6 +27,7 @@ from rllib_arpo.core.settings import check_type, setting
 from rllib_arpo.environments import resolve_environment
 from rllib_arpo.learner.backends import LEARNER_BACKENDS
 from rllib_arpo.learner.packing import PACKING_MODES
+from rllib_arpo.models.lora import LoraSettings
 from rllib_arpo.rollout.engine import ENGINES, check_engine_options
 from rllib_arpo.rollout.settings import RolloutSettings
 from rllib_arpo.weights import WEIGHT_SYNCS
@@ -300,6 +301,14 @@ class LearnerSettings:
     micro_batch_tokens: int = setting(
         4096, "With `packing` packed/tree: tokens per forward/backward pass (a longer row gets one of its own)."
     )
+    lora: dict | None = setting(
+        None,
+        "Train a LoRA adapter instead of every weight: `{rank: 16, alpha: 32, dropout: 0.0, target_modules: [q_proj, "
+        "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]}` (any key may be left out). The base weights stay "
+        "frozen in `dtype`, the KL reference is the base model with the adapter off, checkpoints hold the adapter "
+        "and its optimizer state, and each weight sync sends the adapter only (`weight_sync` object_store or "
+        "object_store_delta). null: full fine-tuning.",
+    )
 
     def __post_init__(self) -> None:
         backend = _registered("learner_backend", LEARNER_BACKENDS, self.learner_backend)
@@ -317,6 +326,11 @@ class LearnerSettings:
             raise ValueError(f"zero_stage must be one of {list(ZERO_STAGES)}, got {self.zero_stage!r}")
         if self.logprob_chunk_size is not None:
             _at_least({"logprob_chunk_size": (self.logprob_chunk_size, 1)})
+        if LoraSettings.from_config(self.lora) is not None and WEIGHT_SYNCS.get(self.weight_sync).receives_in_place:
+            raise ValueError(
+                f"lora sends the adapter only, which weight_sync: {self.weight_sync} cannot carry (it streams the full "
+                "weights into the engines); use weight_sync: object_store or object_store_delta"
+            )
 
 
 RLLIB_FIELDS: dict[str, tuple[Any, float | None]] = {

@@ -15,13 +15,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from torch.nn import Linear
+
 from rllib_arpo.config_fields import CONFIG_GROUPS, check_rllib_fields
 from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.core.settings import from_config
 from rllib_arpo.environments import resolve_environment
 from rllib_arpo.learner.backends import LEARNER_BACKENDS
 from rllib_arpo.learner.memory import check_batch_fits_in_memory
-from rllib_arpo.models.catalogue import check_model_path
+from rllib_arpo.models.catalogue import check_model_path, empty_model
+from rllib_arpo.models.lora import LoraSettings, unmatched_targets
+from rllib_arpo.rollout.engine import ENGINES
 from rllib_arpo.rollout.settings import RolloutSettings
 
 
@@ -84,6 +88,24 @@ def forks_need_a_copyable_environment(config: Any) -> None:
         )
 
 
+def lora_fits_the_engine_and_model(config: Any) -> None:
+    """The engine samples with an adapter of ``lora.rank`` (``Engine.max_lora_rank``), and every
+    ``lora.target_modules`` entry names a linear layer of the policy (peft would skip an entry that
+    matches nothing as long as another one matches). The model is built on the meta device:
+    nothing is loaded."""
+    settings = LoraSettings.from_config(config.lora)
+    if settings is None:
+        return
+    max_rank = ENGINES.get(config.engine).max_lora_rank
+    if max_rank is not None and settings.rank > max_rank:
+        raise ValueError(f"lora.rank {settings.rank}: engine {config.engine} takes adapters of rank <= {max_rank}")
+    model = empty_model(config.model_path)
+    missing = unmatched_targets(model, settings.target_modules)
+    if missing:
+        linear = sorted({name.rpartition(".")[2] for name, m in model.named_modules() if isinstance(m, Linear)})
+        raise ValueError(f"lora.target_modules {missing} match no linear layer of {config.model_path} (its: {linear})")
+
+
 CONFIG_RULES: tuple[Callable[[Any], None], ...] = (
     sampling_needs_a_temperature,
     temperature_needs_learner_logprobs,
@@ -92,6 +114,7 @@ CONFIG_RULES: tuple[Callable[[Any], None], ...] = (
     float16_needs_loss_scaling,
     reward_passes_its_check,
     forks_need_a_copyable_environment,
+    lora_fits_the_engine_and_model,
 )
 """The rules between groups, run in this order once every group has checked its own fields;
 each raises a ValueError that names the fields."""

@@ -9,7 +9,9 @@ A checkpoint of ``ARPO`` (``algo.save_to_path(path)``, or Tune's ``checkpoint_co
       deepspeed/                             learner_backend deepspeed: every learner's ZeRO partitions
       policy/                                the policy as a transformers directory (safetensors,
                                              config, tokenizer) in the engines' dtype: serve it or
-                                             load it with from_pretrained
+                                             load it with from_pretrained (LoRA: the adapter merged)
+      policy/adapter/                        LoRA: the adapter alone, a peft directory (vLLM's
+                                             LoRARequest and PeftModel.from_pretrained load it)
       state.pkl                              iteration, weights version, each EnvRunner's data position
       results.jsonl                          the trial's result rows up to this checkpoint, as Tune
                                              logs them (tune_logs rebuilds the logs from them)
@@ -35,8 +37,12 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from rllib_arpo.core.dtypes import DTYPES
+from rllib_arpo.models.lora import LoraSettings, merged_weights, write_adapter
+
 WEIGHTS_FILE = "model.safetensors"
 POLICY_DIRECTORY = "policy"
+ADAPTER_DIRECTORY = "adapter"
 RESULTS_FILE = "results.jsonl"
 MANIFEST_FILE = "manifest.json"
 # the directories Tune writes a trial's checkpoints to: checkpoint_000000, checkpoint_000001, ...
@@ -72,13 +78,33 @@ def load_weights(file: str | Path) -> dict[str, torch.Tensor]:
     return load_file(str(file))
 
 
-def export_policy(weights: dict[str, torch.Tensor], model_path: str | Path, directory: str | Path, dtype: str) -> Path:
-    """A transformers directory of the policy: ``weights`` (transformers' names) as safetensors,
-    plus the config and tokenizer files of the directory the policy started from."""
-    import json
+def model_weights(model_path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a transformers directory's safetensors files (one, or the shards)."""
+    weights = {}
+    for file in sorted(Path(model_path).glob("*.safetensors")):
+        weights.update(load_file(str(file)))
+    if not weights:
+        raise FileNotFoundError(f"{model_path} holds no .safetensors weights")
+    return weights
 
+
+def export_policy(
+    weights: dict[str, torch.Tensor],
+    model_path: str | Path,
+    directory: str | Path,
+    dtype: str,
+    lora: LoraSettings | None = None,
+) -> Path:
+    """A transformers directory of the policy: ``weights`` (transformers' names) as safetensors,
+    plus the config and tokenizer files of the directory the policy started from. With ``lora``
+    ``weights`` are the adapter's: it is written to ``adapter/`` as it is, and merged into the
+    base weights of ``model_path`` for the directory itself."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    if lora is not None:
+        write_adapter(weights, lora, str(model_path), directory / ADAPTER_DIRECTORY)
+        merged = merged_weights(model_weights(model_path), weights, lora)
+        weights = {name: tensor.to(DTYPES[dtype]) for name, tensor in merged.items()}
     source = Path(model_path)
     for name in MODEL_FILES:
         if (source / name).is_file():

@@ -1,6 +1,9 @@
 """An estimate of one learner's memory (per GPU) for a model and a learner layout.
 
-P parameters, L learners, b bytes of the compute ``dtype`` (2 for bf16/fp16, 4 for float32):
+P parameters, L learners, b bytes of the compute ``dtype`` (2 for bf16/fp16, 4 for float32). The
+table is for full fine-tuning; with LoRA the gradient and optimizer columns count the adapter's
+A parameters instead of P, and the frozen base weights are held once in ``dtype`` (bP + 4A with
+master weights):
 
 | layout                                   | weights       | gradients     | optimizer (AdamW m, v; master) |
 |------------------------------------------|---------------|---------------|--------------------------------|
@@ -37,6 +40,8 @@ from typing import Any
 from rllib_arpo.core.dtypes import DTYPES
 from rllib_arpo.learner.backends import LEARNER_BACKENDS
 from rllib_arpo.learner.packing import PACKING_MODES, PER_TOKEN_KEYS
+from rllib_arpo.models.catalogue import empty_model
+from rllib_arpo.models.lora import LoraSettings, adapter_parameter_count
 
 GIB = 1024**3
 ACTIVATION_BYTES_PER_TOKEN_HIDDEN_LAYER = 34  # at 2 bytes per value; Korthikanti et al. 2022
@@ -50,22 +55,23 @@ class ModelShape:
     hidden_size: int
     num_layers: int
     vocab_size: int
+    trainable_parameters: int | None = None
+    """Of ``num_parameters``, those the optimizer updates (a LoRA adapter's); None: all of them."""
 
     @classmethod
-    def from_pretrained(cls, model_path: str) -> ModelShape:
+    def from_pretrained(cls, model_path: str, lora: LoraSettings | None = None) -> ModelShape:
         """Read a ``save_pretrained`` directory's config; parameters are counted on the meta
-        device, so nothing is loaded or allocated."""
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        config = AutoConfig.from_pretrained(model_path)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
+        device, so nothing is loaded or allocated. With ``lora`` the trainable parameters are
+        the adapter's."""
+        model = empty_model(model_path)
+        adapter = 0 if lora is None else adapter_parameter_count(model, lora)
+        config = model.config
         return cls(
-            num_parameters=sum(p.numel() for p in model.parameters()),
+            num_parameters=sum(p.numel() for p in model.parameters()) + adapter,
             hidden_size=config.hidden_size,
             num_layers=config.num_hidden_layers,
             vocab_size=config.vocab_size,
+            trainable_parameters=adapter if lora is not None else None,
         )
 
 
@@ -111,22 +117,24 @@ def estimate_learner_memory(
     """Memory of one learner (see the module docstring for the formulas)."""
     backend = LEARNER_BACKENDS.get(learner_backend)
     p, b, learners = model.num_parameters, DTYPES[dtype].itemsize, max(num_learners, 1)
+    t = p if model.trainable_parameters is None else model.trainable_parameters  # what the optimizer updates
     offloaded = 0
     if backend.partitions_by_zero_stage:
-        master = 4 * p if b != 4 else 0
+        master = 4 * t if b != 4 else 0
         weights = b * p // learners if zero_stage == 3 else b * p
-        gradients = b * p // learners if zero_stage >= 2 else b * p
-        optimizer = (8 * p + master) // learners
+        gradients = b * t // learners if zero_stage >= 2 else b * t
+        optimizer = (8 * t + master) // learners
         if zero_offload:
             offloaded, optimizer = optimizer, 0
             if zero_stage == 3:
                 offloaded, weights = offloaded + weights, 0
     elif b == 4 or master_weights:
-        weights = 4 * p + (b * p if b != 4 else 0)  # float32 weights (+ autocast's low-precision copies)
-        gradients = 4 * p
-        optimizer = 8 * p
+        # frozen weights in dtype, trained ones in float32 (+ autocast's low-precision copies)
+        weights = b * (p - t) + 4 * t + (b * t if b != 4 else 0)
+        gradients = 4 * t
+        optimizer = 8 * t
     else:
-        weights, gradients, optimizer = b * p, b * p, 2 * b * p
+        weights, gradients, optimizer = b * p, b * t, 2 * b * t
     if backend.gradient_buckets and learners > 1:
         gradients *= 2
     tokens = micro_batch_size * sequence_length
@@ -150,7 +158,7 @@ def learner_memory_of_config(config: Any, sequence_length: int | None = None) ->
     packed = PACKING_MODES.get(config.packing).packs
     row_tokens = sequence_length or config.max_response_tokens
     return estimate_learner_memory(
-        ModelShape.from_pretrained(resolve_model_path(config.model_path)),
+        ModelShape.from_pretrained(resolve_model_path(config.model_path), LoraSettings.from_config(config.lora)),
         dtype=config.dtype,
         master_weights=config.master_weights,
         learner_backend=config.learner_backend,

@@ -64,7 +64,7 @@ from rllib_arpo.learner.memory import (
     release_freed_memory,
 )
 from rllib_arpo.learner.packing import micro_batches
-from rllib_arpo.learner.rl_module import hf_state_dict, load_reference_model
+from rllib_arpo.learner.rl_module import engine_state_dict, load_reference_model
 from rllib_arpo.learner.rllib_compat import parameter_gradients, update_batch, update_result, zero_gradients
 from rllib_arpo.weights.broadcast import WeightBroadcastGroup, WeightLayout, free_address
 
@@ -82,22 +82,27 @@ class ARPOTorchLearner(TorchLearner):
         self._reference_models = {}
         if self.config.kl_coef > 0:  # the initial policy, read again (the module may be wrapped or sharded)
             for mid, module in self.module.items():
-                self._reference_models[mid] = load_reference_model(module.unwrapped().model_config, self.device)
+                if module.unwrapped().lora is None:  # with LoRA: the base model, adapter off
+                    self._reference_models[mid] = load_reference_model(module.unwrapped().model_config, self.device)
 
     def configure_optimizers_for_module(self, module_id, config=None) -> None:
-        params = self.get_parameters(self.module[module_id])
+        """AdamW over the trained parameters (with LoRA: the adapter's; DDP then all-reduces those only)."""
+        params = [p for p in self.get_parameters(self.module[module_id]) if p.requires_grad]
         optimizer = torch.optim.AdamW(params, weight_decay=config.weight_decay)
         self.register_optimizer(module_id=module_id, optimizer=optimizer, params=params, lr_or_lr_schedule=config.lr)
 
     def policy_weights(self, module_id, *, as_object_ref: bool = False, on_device: bool = False):
-        """The module's weights under transformers' names, cast to the engines' ``dtype``, on
+        """The module's weights under transformers' names (with LoRA: the adapter's tensors under
+        their saved names, ``models.lora``), cast to the engines' ``dtype``, on
         learner rank 0 (None on the others); in the object store with ``as_object_ref``; on the
         learner's device with ``on_device`` (else in CPU memory). Tensors already in that dtype
         and place are the parameters themselves (no copy): clone them to keep a snapshot."""
         state = self.full_module_state(module_id, on_device=on_device)
         if state is None:
             return None
-        weights = {name: tensor.to(DTYPES[self.config.dtype]) for name, tensor in hf_state_dict(state).items()}
+        lora = self.module[module_id].unwrapped().lora is not None
+        engine_state = engine_state_dict(state, lora)
+        weights = {name: tensor.to(DTYPES[self.config.dtype]) for name, tensor in engine_state.items()}
         return ray.put(weights) if as_object_ref else weights
 
     # --- weight_sync: broadcast (weights.broadcast): rank 0 is the source ------------------
@@ -130,7 +135,7 @@ class ARPOTorchLearner(TorchLearner):
             return None
         module = self.module[module_id]
         if on_device:
-            return {name: tensor.detach() for name, tensor in module.unwrapped().state_dict().items()}
+            return {name: tensor.detach() for name, tensor in module.unwrapped().trained_state().items()}
         return module.get_state()
 
     def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
@@ -190,14 +195,22 @@ class ARPOTorchLearner(TorchLearner):
         loss, _ = self._policy_loss(module_id, config, batch, fwd_out)
         return loss
 
+    def _reference_logprobs(self, module_id, config, batch) -> torch.Tensor | None:
+        """log pi_ref of the batch's tokens for the KL penalty (None without one): the initial
+        policy read again, or with LoRA the base model with the adapter off."""
+        if config.kl_coef <= 0:
+            return None
+        if module_id not in self._reference_models:
+            return self.module[module_id].unwrapped().base_logprobs(batch)
+        with torch.no_grad():
+            reference = self._reference_models[module_id]
+            ref_logprobs, _ = sequence_logprobs(
+                reference, batch, chunk_size=config.logprob_chunk_size, temperature=config.temperature
+            )
+        return ref_logprobs
+
     def _policy_loss(self, module_id, config, batch, fwd_out) -> tuple[torch.Tensor, dict]:
-        ref_logprobs = None
-        if module_id in self._reference_models:
-            with torch.no_grad():
-                reference = self._reference_models[module_id]
-                ref_logprobs, _ = sequence_logprobs(
-                    reference, batch, chunk_size=config.logprob_chunk_size, temperature=config.temperature
-                )
+        ref_logprobs = self._reference_logprobs(module_id, config, batch)
         return compute_policy_loss(
             config.policy_loss,
             fwd_out["logprobs"],

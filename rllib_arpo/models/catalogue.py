@@ -85,3 +85,14 @@ def resolve_model_path(model_path: str) -> str:
     if model_path in NAMED_MODELS:
         return str(NAMED_MODELS[model_path]())
     return model_path
+
+
+def empty_model(model_path: str):
+    """The causal LM of ``model_path``'s config built on the meta device: its modules and shapes,
+    with nothing loaded or allocated."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(resolve_model_path(model_path))
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)

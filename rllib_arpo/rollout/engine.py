@@ -23,6 +23,7 @@ import torch
 
 from rllib_arpo.core.registry import Registry
 from rllib_arpo.core.settings import check_type
+from rllib_arpo.models.lora import LoraSettings
 
 FinishReason = Literal["stop", "eos", "length"]
 
@@ -103,7 +104,8 @@ class GenerationEngine(Protocol):
         ...
 
     def update_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
-        """Load new policy weights in place and record their version."""
+        """Load new policy weights in place (an engine built with ``lora``: the adapter's tensors,
+        ``models.lora``) and record their version."""
         ...
 
     # weight_sync: broadcast (weights.broadcast)
@@ -145,10 +147,12 @@ class Engine:
         in_place_options: engine options ``build`` adds (unless set) when the weight sync
             has the engines receive weights in place (``weight_sync: broadcast``): vLLM's worker
             extension that joins the weight group.
+        max_lora_rank: the largest LoRA rank it can sample with (None: any).
     """
 
     path: str
     in_place_options: Mapping[str, Any] = field(default_factory=dict)
+    max_lora_rank: int | None = None
 
     def load(self) -> type:
         """The engine class (imports its module)."""
@@ -162,12 +166,16 @@ class Engine:
         options: Mapping[str, Any],
         *,
         receives_in_place: bool = False,
+        lora: LoraSettings | None = None,
     ) -> GenerationEngine:
         """The engine on ``model_path`` in ``dtype`` (None: the checkpoint's) with ``options``
         (the config's ``engine_options``), and with ``in_place_options`` added (unless set) when
-        ``receives_in_place``."""
+        ``receives_in_place``; with ``lora`` it samples through a LoRA adapter (initially the
+        identity) and ``update_weights`` takes the adapter's tensors."""
         if receives_in_place:
             options = {**self.in_place_options, **options}
+        if lora is not None:  # an engine that has no LoRA need not know the argument
+            options = {**options, "lora": lora}
         return self.load().from_pretrained(model_path, dtype=dtype, **options)
 
     def documented_options(self) -> tuple[list[EngineOption], bool]:
@@ -214,7 +222,7 @@ def _documented_arguments(docstring: str) -> dict[str, str]:
 
 ENGINES: Registry[Engine] = Registry("generation engine")
 """Engine name (the config's ``engine``) -> ``Engine``."""
-ENGINE_ARGUMENTS = {"self", "model", "model_path", "tokenizer", "dtype"}
+ENGINE_ARGUMENTS = {"self", "model", "model_path", "tokenizer", "dtype", "lora"}
 """Engine constructor arguments that come from other config fields, never from ``engine_options``."""
 
 
@@ -262,5 +270,6 @@ ENGINES.add(
     Engine(
         "rllib_arpo.rollout.vllm_engine:VLLMEngine",
         in_place_options={"worker_extension_cls": "rllib_arpo.weights.vllm_receiver.WeightReceiver"},
+        max_lora_rank=512,  # vllm_engine.VLLM_LORA_RANKS
     ),
 )

@@ -42,6 +42,7 @@ from rllib_arpo.data.dataset_tools import tools_for_dataset
 from rllib_arpo.data.prompt_stream import PromptStream
 from rllib_arpo.data.prompts import encode_prompt
 from rllib_arpo.data.registry import load_dataset
+from rllib_arpo.models.lora import LoraSettings
 from rllib_arpo.rollout.engine import ENGINES
 from rllib_arpo.rollout.episodes import with_environment
 from rllib_arpo.rollout.scoring import (
@@ -98,6 +99,7 @@ def build_engine(config):
         DTYPES[config.dtype],
         config.engine_options,
         receives_in_place=WEIGHT_SYNCS.get(config.weight_sync).receives_in_place,
+        lora=LoraSettings.from_config(config.lora),
     )
 
 

@@ -35,6 +35,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
 from rllib_arpo.core.entropy import entropy_from_logits
+from rllib_arpo.models.lora import LoraSettings, add_lora, load_adapter_state
 from rllib_arpo.rollout.engine import EngineStats, Generation, SamplingParams
 
 
@@ -94,6 +95,8 @@ class HFEngine:
         dtype: cast the model to this dtype (``None`` keeps the model's dtype).
         reuse_prefixes: encode shared prefix spans once (the default); ``False`` prefills every
             prefix in full, which is only useful to measure the saving.
+        lora: sample through a LoRA adapter of these settings (the identity until the first
+            ``update_weights``, which then takes the adapter's tensors and swaps them in place).
     """
 
     prefers_early_children = True  # one forward pass decodes the whole batch: time follows decode steps
@@ -107,10 +110,14 @@ class HFEngine:
         max_batch_size: int = 64,
         dtype: torch.dtype | None = None,
         reuse_prefixes: bool = True,
+        lora: LoraSettings | None = None,
     ) -> None:
         self.check_options({"device": device, "max_batch_size": max_batch_size})
         self.device = torch.device(device)
         self.model = model.to(device=self.device, dtype=dtype).eval()
+        self.lora = lora
+        if lora is not None:
+            add_lora(self.model, lora)
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.reuse_prefixes = reuse_prefixes
@@ -152,9 +159,12 @@ class HFEngine:
         """Copy new weights into the model in place (strict key match) and record their version.
 
         ``load_state_dict`` copies each tensor into the existing parameter, which casts it to the
-        model's dtype and device.
+        model's dtype and device. With ``lora`` the state is the adapter's, copied into it alike.
         """
-        self.model.load_state_dict(state, strict=True)
+        if self.lora is not None:
+            load_adapter_state(self.model, state)
+        else:
+            self.model.load_state_dict(state, strict=True)
         self.weights_version = version
 
     def weight_receivers(self) -> tuple[int, str]:

@@ -38,14 +38,28 @@ from transformers import AutoConfig, AutoTokenizer
 from vllm import LLM
 from vllm import SamplingParams as VLLMSamplingParams
 from vllm.inputs import TokensPrompt
+from vllm.lora.request import LoRARequest
 from vllm.platforms import current_platform
 
 from rllib_arpo.core.entropy import entropy_from_topk_logprobs
+from rllib_arpo.models.lora import LoraSettings, write_adapter
 from rllib_arpo.rollout.engine import EngineStats, Generation, SamplingParams
 from rllib_arpo.weights.broadcast import WeightLayout
 
 CPU_BATCHED_TOKENS = 4096
 """vLLM's default token budget of one engine step on CPU (``max_num_batched_tokens``)."""
+
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM 0.32 takes for ``max_lora_rank``."""
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM takes that holds an adapter of ``rank``."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(f"lora.rank {rank} is above vLLM's largest max_lora_rank, {VLLM_LORA_RANKS[-1]}")
 
 
 class VLLMEngine:
@@ -65,6 +79,9 @@ class VLLMEngine:
             chunked prefill is off unless set here, and a step's token budget
             (``max_num_batched_tokens``) is at least the longest sequence: split prefills of seeded
             requests crash vLLM 0.32's CPU backend.
+        lora: sample through a LoRA adapter of these settings: vLLM is started with LoRA on, and
+            ``update_weights`` takes the adapter's tensors, writes them as an adapter directory
+            and has vLLM load it under the weights' version (the base weights never reload).
     """
 
     prefers_early_children = False  # on CPU its time follows tokens computed, prefill included
@@ -80,6 +97,7 @@ class VLLMEngine:
         max_model_len: int | None = None,
         seed: int = 0,
         enable_prefix_caching: bool = True,
+        lora: LoraSettings | None = None,
         **llm_kwargs,
     ) -> None:
         self.check_options(
@@ -96,6 +114,8 @@ class VLLMEngine:
             longest = max_model_len or AutoConfig.from_pretrained(model_path).max_position_embeddings
             budget = max(llm_kwargs.get("max_num_batched_tokens") or CPU_BATCHED_TOKENS, longest)
             llm_kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=budget)
+        if lora is not None:
+            llm_kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(lora.rank))
         self.llm = LLM(
             model=str(model_path),
             dtype=dtype,
@@ -112,6 +132,9 @@ class VLLMEngine:
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
         self.weights_version = 0
         self.stats = EngineStats()
+        self.model_path = str(model_path)
+        self.lora = lora
+        self.adapter: tuple[LoRARequest, tempfile.TemporaryDirectory] | None = None  # None: the base model
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:
@@ -145,11 +168,15 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()
 
     def update_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
-        """Reload ``state`` (transformers parameter names) into every worker in place.
+        """Reload ``state`` (transformers parameter names) into every worker in place; with
+        ``lora``, load it as the adapter of version ``version`` (``_load_adapter``).
 
         Tensors that share storage (tied embeddings: ``lm_head.weight`` is
         ``model.embed_tokens.weight``) are written as separate copies, which safetensors needs.
         """
+        if self.lora is not None:
+            self._load_adapter(state, version)
+            return
         seen_storage: set[int] = set()
         tensors = {}
         for name, tensor in state.items():
@@ -161,6 +188,24 @@ class VLLMEngine:
         with tempfile.TemporaryDirectory(prefix="vllm-weights-") as directory:
             save_file(tensors, str(Path(directory) / "model.safetensors"))
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": directory})
+        self.clear_prefix_cache()
+        self.weights_version = version
+
+    def _load_adapter(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """Write the adapter's tensors as an adapter directory and have vLLM load it as LoRA
+        ``version`` (its int id), in place of the previous one; the prefix cache is cleared as
+        after a full reload (vLLM keys cached blocks by adapter, so they would only idle)."""
+        if self.adapter is not None:  # first: vLLM keeps an adapter by its id (a restore sends a version again)
+            old_request, old_directory = self.adapter
+            self.llm.llm_engine.remove_lora(old_request.lora_int_id)
+            old_directory.cleanup()
+            self.adapter = None
+        directory = tempfile.TemporaryDirectory(prefix="vllm-adapter-")
+        write_adapter(state, self.lora, self.model_path, directory.name)
+        request = LoRARequest(f"policy-v{version}", version, directory.name)
+        if not self.llm.llm_engine.add_lora(request):
+            raise RuntimeError(f"vLLM did not load the adapter of weights version {version}")
+        self.adapter = (request, directory)
         self.clear_prefix_cache()
         self.weights_version = version
 
@@ -214,7 +259,10 @@ class VLLMEngine:
             for prefix, seed in zip(prefixes, seeds)
         ]
         outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=list(prefix)) for prefix in prefixes], requests, use_tqdm=False
+            [TokensPrompt(prompt_token_ids=list(prefix)) for prefix in prefixes],
+            requests,
+            use_tqdm=False,
+            lora_request=self.adapter[0] if self.adapter is not None else None,
         )
         generations = [self._to_generation(output.outputs[0]) for output in outputs]
         requested = sum(len(prefix) for prefix in prefixes)

@@ -1,5 +1,5 @@
 """Several learners give the update of one: DDP (gloo; padded and tree-packed micro-batches),
-DeepSpeed ZeRO-2 and ZeRO-3 against one padded learner.
+DeepSpeed ZeRO-2 and ZeRO-3 against one padded learner, with full weights and with a LoRA adapter.
 
 The batch has 5 rows with 5, 3, 0, 5 and 1 trained tokens: 2 learners get shards of 3 rows (one
 row added with no trained token), and the shards' token counts (8 and 6) differ, so only the
@@ -124,6 +124,37 @@ def test_two_learners_update_as_one(ray_session, small_model_dir, one_learner, l
     assert norms == pytest.approx(expected_norms, rel=NORM_RTOL)
     # each learner's policy_loss is its shard's part of the global one, times 2: their mean is the global loss
     assert np.mean(metrics["policy_loss"]) == pytest.approx(expected_metrics["policy_loss"][0], rel=1e-5)
+    assert weights.keys() == expected.keys()
+    for name, tensor in weights.items():
+        torch.testing.assert_close(tensor, expected[name], rtol=0, atol=WEIGHTS_ATOL, msg=name)
+
+
+LORA = {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]}
+
+
+@pytest.fixture(scope="module")
+def one_lora_learner(small_model_dir):
+    batch = training_batch(small_model_dir)
+    return batch, train_twice(learner_config(small_model_dir, num_learners=0, lora=LORA), batch)
+
+
+@pytest.mark.parametrize(
+    "learners",
+    [{}, {"learner_backend": "deepspeed", "zero_stage": 2}, {"learner_backend": "deepspeed", "zero_stage": 3}],
+    ids=["ddp", "deepspeed-zero2", "deepspeed-zero3"],
+)
+def test_two_lora_learners_update_as_one_and_train_the_adapter_only(
+    ray_session, small_model_dir, one_lora_learner, learners
+):
+    """The adapter's two updates match one learner's; every learner's frozen base weights got no
+    gradient, so DDP and DeepSpeed reduced the adapter's gradients alone."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    batch, (expected, expected_norms, _) = one_lora_learner
+    assert expected and all(".lora_" in name for name in expected)  # the adapter's tensors only
+    config = learner_config(small_model_dir, num_learners=2, lora=LORA, **learners)
+    weights, norms, _ = train_twice(config, batch)
+    assert norms == pytest.approx(expected_norms, rel=NORM_RTOL)
     assert weights.keys() == expected.keys()
     for name, tensor in weights.items():
         torch.testing.assert_close(tensor, expected[name], rtol=0, atol=WEIGHTS_ATOL, msg=name)

@@ -22,6 +22,7 @@ from rllib_arpo.cli import main
 from rllib_arpo.learner.checkpoint import checkpoint_problem, checkpoints_in
 
 ITERATIONS = 3
+LORA = "{rank: 4, alpha: 8, target_modules: [q_proj, v_proj, down_proj]}"
 KILLED_RUN_ITERATIONS = 5
 # a k1 KL penalty has a gradient even where every reward is equal (the untrained policy's): the
 # weights and AdamW's moments change every iteration, so a lost optimizer state shows
@@ -44,6 +45,7 @@ resume-test:
     held_out_interval: 2
     held_out_size: 4
     max_staleness: {max_staleness}
+    lora: {lora}
     seed: 0
   checkpoint_config: {{checkpoint_frequency: 1}}
 """
@@ -78,23 +80,23 @@ def assert_same_weights(weights: dict, expected: dict) -> None:
 
 @pytest.fixture(scope="module")
 def uninterrupted_run(ray_session, tiny_model_path, tmp_path_factory):
-    """``uninterrupted_run(max_staleness)``: the storage path of a run of ``KILLED_RUN_ITERATIONS``
+    """``uninterrupted_run(max_staleness, lora)``: the storage path of a run of ``KILLED_RUN_ITERATIONS``
     that nobody stopped (made on first use, once per module)."""
     runs = {}
 
-    def run(max_staleness: int) -> Path:
-        if max_staleness not in runs:
+    def run(max_staleness: int, lora: str = "null") -> Path:
+        if (max_staleness, lora) not in runs:
             directory = tmp_path_factory.mktemp(f"uninterrupted_{max_staleness}")
             experiment = directory / "experiment.yaml"
             experiment.write_text(
                 EXPERIMENT.format(
-                    iterations=KILLED_RUN_ITERATIONS, model_path=tiny_model_path, max_staleness=max_staleness
+                    iterations=KILLED_RUN_ITERATIONS, model_path=tiny_model_path, max_staleness=max_staleness, lora=lora
                 )
             )
             storage = directory / "storage"
             assert main(["train", "file", str(experiment), "--storage-path", str(storage)]) == 0
-            runs[max_staleness] = storage
-        return runs[max_staleness]
+            runs[max_staleness, lora] = storage
+        return runs[max_staleness, lora]
 
     return run
 
@@ -116,11 +118,20 @@ def interrupt_after_first_checkpoint(experiment: str, storage: Path) -> None:
             process.kill()
 
 
-def test_resume_continues_exactly_as_an_uninterrupted_run(uninterrupted_run, tiny_model_path, tmp_path):
+@pytest.mark.parametrize("lora", ["null", LORA], ids=["full", "lora"])
+def test_resume_continues_exactly_as_an_uninterrupted_run(uninterrupted_run, tiny_model_path, tmp_path, lora):
+    """With LoRA the checkpoint holds the adapter and its optimizer state; the exported policy is
+    the merged model, the adapter beside it."""
+    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
+    from rllib_arpo.learner.checkpoint import model_weights
+    from rllib_arpo.models.lora import LoraSettings, merged_weights
+
     experiment = tmp_path / "experiment.yaml"
-    experiment.write_text(EXPERIMENT.format(iterations=ITERATIONS, model_path=tiny_model_path, max_staleness=0))
+    experiment.write_text(
+        EXPERIMENT.format(iterations=ITERATIONS, model_path=tiny_model_path, max_staleness=0, lora=lora)
+    )
 
     interrupted = tmp_path / "interrupted"
     interrupt_after_first_checkpoint(str(experiment), interrupted)
@@ -129,25 +140,33 @@ def test_resume_continues_exactly_as_an_uninterrupted_run(uninterrupted_run, tin
     assert main(["train", "file", str(experiment), "--storage-path", str(interrupted), "--resume"]) == 0
 
     # the uninterrupted run goes on longer: its first ITERATIONS are the same
-    expected = [iteration_summary(r) for r in results_of(uninterrupted_run(0))[:ITERATIONS]]
+    expected = [iteration_summary(r) for r in results_of(uninterrupted_run(0, lora))[:ITERATIONS]]
     assert [r[0] for r in expected] == list(range(1, ITERATIONS + 1))
     assert [iteration_summary(r) for r in results_of(interrupted)] == expected
 
     last = f"checkpoint_{ITERATIONS - 1:06d}"
     resumed_weights = policy_weights_at(interrupted, last)
-    assert_same_weights(resumed_weights, policy_weights_at(uninterrupted_run(0), last))
+    assert_same_weights(resumed_weights, policy_weights_at(uninterrupted_run(0, lora), last))
     # the exported policy is a transformers directory with those weights
-    [resumed_policy] = interrupted.glob(f"resume-test/*/{last}/policy")
-    model = AutoModelForCausalLM.from_pretrained(resumed_policy)
+    [checkpoint] = interrupted.glob(f"resume-test/*/{last}")
+    model = AutoModelForCausalLM.from_pretrained(checkpoint / "policy")
     state = model.state_dict()
     assert all(torch.equal(state[k], v) for k, v in resumed_weights.items())
     initial = AutoModelForCausalLM.from_pretrained(tiny_model_path).state_dict()
     assert not all(torch.equal(initial[k], v) for k, v in resumed_weights.items())
+    if lora == "null":
+        return
+    learner_weights = load_file(checkpoint / "learner_group/learner/rl_module/default_policy/model.safetensors")
+    assert learner_weights and all(".lora_" in name for name in learner_weights)  # the adapter alone
+    adapter = load_file(checkpoint / "policy/adapter/adapter_model.safetensors")
+    merged = merged_weights(model_weights(tiny_model_path), adapter, LoraSettings(rank=4, alpha=8))
+    for name, tensor in resumed_weights.items():
+        torch.testing.assert_close(tensor, merged[name], rtol=0, atol=0, msg=name)
 
 
 def test_resume_without_a_previous_run_says_what_to_do(tmp_path, capsys):
     experiment = tmp_path / "experiment.yaml"
-    experiment.write_text(EXPERIMENT.format(iterations=1, model_path="tiny", max_staleness=0))
+    experiment.write_text(EXPERIMENT.format(iterations=1, model_path="tiny", max_staleness=0, lora="null"))
     assert main(["train", "file", str(experiment), "--storage-path", str(tmp_path / "none"), "--resume"]) == 2
     assert "--resume: no experiment to resume at" in capsys.readouterr().err
 
@@ -180,7 +199,7 @@ def test_resume_after_sigkill_goes_on_as_an_uninterrupted_run_and_keeps_every_ro
     iterations = KILLED_RUN_ITERATIONS
     experiment = tmp_path / "experiment.yaml"
     experiment.write_text(
-        EXPERIMENT.format(iterations=iterations, model_path=tiny_model_path, max_staleness=max_staleness)
+        EXPERIMENT.format(iterations=iterations, model_path=tiny_model_path, max_staleness=max_staleness, lora="null")
     )
     storage = tmp_path / "killed"
     command = [sys.executable, "-m", "rllib_arpo.cli", "train", "file", str(experiment), "--storage-path", str(storage)]

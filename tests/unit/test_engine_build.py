@@ -2,6 +2,7 @@
 
 import torch
 
+from rllib_arpo.models.lora import LoraSettings
 from rllib_arpo.rollout.engine import Engine
 
 
@@ -23,3 +24,9 @@ def test_build_passes_the_path_dtype_and_options():
 def test_in_place_options_are_added_unless_set():
     built = ENTRY.build("model", None, {"seed": 3}, receives_in_place=True)
     assert built == ("model", None, {"worker_extension_cls": "receiver", "seed": 3})
+
+
+def test_lora_settings_are_passed_only_where_set():
+    lora = LoraSettings(rank=4)
+    assert ENTRY.build("model", None, {}, lora=lora) == ("model", None, {"lora": lora})
+    assert ENTRY.build("model", None, {}, lora=None) == ("model", None, {})

@@ -1,0 +1,62 @@
+"""vLLM with a LoRA adapter (``lora``): each sync loads the adapter alone under its version, and the
+engine then samples as the merged model does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from rllib_arpo.data.tir_task import TIRTask, format_prompt  # noqa: E402
+from rllib_arpo.learner.checkpoint import model_weights  # noqa: E402
+from rllib_arpo.models.lora import LoraSettings, adapter_parameters, adapter_state, add_lora, merged_weights  # noqa: E402
+from tests.vllm.test_vllm_engine import assert_same_generations, greedy  # noqa: E402
+
+SETTINGS = LoraSettings(rank=8, alpha=16, target_modules=("q_proj", "v_proj", "up_proj", "down_proj"))
+
+
+def adapter_of(policy_dir, seed: int) -> dict[str, torch.Tensor]:
+    """An adapter of seeded random A and B (at init B = 0 and the adapter is the identity)."""
+    model = add_lora(AutoModelForCausalLM.from_pretrained(policy_dir), SETTINGS)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in adapter_parameters(model).values():
+            parameter.copy_(0.5 * torch.randn(parameter.shape, generator=generator))
+    return {name: tensor.clone() for name, tensor in adapter_state(model).items()}
+
+
+@pytest.fixture(scope="module")
+def lora_engine(policy_dir):
+    from rllib_arpo.rollout.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine(str(policy_dir), dtype="float32", logprobs_k=20, max_model_len=1024, seed=0, lora=SETTINGS)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def prompts(hf_engine) -> list[list[int]]:
+    examples = TIRTask(seed=0).split("test")[:3]
+    return [hf_engine.tokenizer.encode(format_prompt(e), add_special_tokens=False) for e in examples]
+
+
+def test_an_adapter_sync_samples_as_the_merged_model(lora_engine, hf_engine, policy_dir, prompts):
+    params = greedy(24)
+    base = {name: tensor.clone() for name, tensor in hf_engine.model.state_dict().items()}
+    base_generations = hf_engine.generate(prompts, params)
+    assert_same_generations(lora_engine.generate(prompts, params), base_generations)  # B = 0: the identity
+    try:
+        for version, seed in ((1, 1), (2, 2), (2, 2)):  # the last: a restore sends the same version again
+            adapter = adapter_of(policy_dir, seed)
+            lora_engine.update_weights(adapter, version)
+            assert lora_engine.weights_version == version
+            hf_engine.update_weights({**base, **merged_weights(model_weights(policy_dir), adapter, SETTINGS)}, version)
+            after = lora_engine.generate(prompts, params)
+            assert_same_generations(after, hf_engine.generate(prompts, params))
+            assert [g.token_ids for g in after] != [g.token_ids for g in base_generations]  # the adapter acts
+        assert set(lora_engine.llm.llm_engine.list_loras()) == {2}  # the older adapters are gone
+    finally:
+        hf_engine.update_weights(base, version=0)
