@@ -126,6 +126,7 @@ def learner_memory_section(planned: PlannedExperiment) -> str:
     from rllib_arpo.learner.backends import LEARNER_BACKENDS
     from rllib_arpo.learner.memory import learner_memory_of_config
     from rllib_arpo.learner.packing import PACKING_MODES
+    from rllib_arpo.models.lora import LoraSettings
 
     config = planned.config
     tokenizer = None if config.max_prompt_tokens else model_tokenizer(config)
@@ -139,6 +140,8 @@ def learner_memory_section(planned: PlannedExperiment) -> str:
     length = prompt_tokens + config.max_response_tokens
     partitions = LEARNER_BACKENDS.get(config.learner_backend).partitions_by_zero_stage
     layout = config.learner_backend + (f" ZeRO-{config.zero_stage}" if partitions else "")
+    if config.lora is not None:
+        layout += f" LoRA rank {LoraSettings.from_config(config.lora).rank}"
     learners = max(config.num_learners, 1)
     where = "per GPU" if config.num_gpus_per_learner else "on the CPU (num_gpus_per_learner: 0)"
     if not PACKING_MODES.get(config.packing).packs:

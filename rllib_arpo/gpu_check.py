@@ -11,11 +11,13 @@ or ``CheckFailed`` when the result is wrong; any other exception is a FAIL too:
 3. ``nccl_broadcast``: a sender process broadcasts perturbed weights over NCCL
    (``WeightBroadcastGroup``) into the engine (``open_weight_group`` / ``receive_weights``); the
    engine then continues greedily as a fresh engine loaded with those weights does.
-4. ``learners``: DDP and DeepSpeed ZeRO-2 / ZeRO-3 with 2 learners on 2 GPUs, in bf16, end two
+4. ``lora_sync``: a LoRA adapter alone synced into the engine (vLLM loads it by version); the
+   engine then continues greedily as the HF engine does on the merged model.
+5. ``learners``: DDP and DeepSpeed ZeRO-2 / ZeRO-3 with 2 learners on 2 GPUs, in bf16, end two
    updates as one learner does (gradient norms, and the weights' updates).
-5. ``learner_memory``: ``learner.memory``'s estimate against the peak CUDA memory
+6. ``learner_memory``: ``learner.memory``'s estimate against the peak CUDA memory
    (``torch.cuda.max_memory_allocated``) of one update.
-6. ``throughput``: tokens/s of sampling (vLLM) and of a training step (one learner).
+7. ``throughput``: tokens/s of sampling (vLLM) and of a training step (one learner).
 
 Each check takes the ``Devices`` it runs on: ``GPU`` (cuda, NCCL, vLLM, bf16) is what the command
 runs; ``CPU`` (cpu, gloo, the HF engine, float32, learners on CPU cores) runs the same comparisons
@@ -273,26 +275,27 @@ def _greedy_tokens(engine, prompts, tokens: int) -> list[list[int]]:
     return [g.token_ids for g in engine.generate(prompts, _greedy(tokens))]
 
 
-def _hf_engine(devices: Devices, model_path: str):
+def _hf_engine(devices: Devices, model_path: str, lora=None):
     import torch
 
     from rllib_arpo.rollout.engine import ENGINES
 
-    return ENGINES.get("hf").build(model_path, getattr(torch, devices.dtype), {"device": devices.device})
+    return ENGINES.get("hf").build(model_path, getattr(torch, devices.dtype), {"device": devices.device}, lora=lora)
 
 
-def _compared_engine(devices: Devices, model_path: str, receives_in_place: bool = False):
+def _compared_engine(devices: Devices, model_path: str, receives_in_place: bool = False, lora=None):
     """The engine checked against the HF engine: vLLM on a share of the GPU (with its in-place
-    weight receiver if ``receives_in_place``), or where ``devices.engine`` is ``hf`` an HF engine."""
+    weight receiver if ``receives_in_place``, sampling through an adapter of ``lora``), or where
+    ``devices.engine`` is ``hf`` an HF engine."""
     if devices.engine == "hf":
-        return _hf_engine(devices, model_path)
+        return _hf_engine(devices, model_path, lora)
     import torch
 
     from rllib_arpo.rollout.engine import ENGINES
 
     options = {"gpu_memory_utilization": GPU_MEMORY_FRACTION, "max_model_len": MAX_MODEL_LEN}
     return ENGINES.get("vllm").build(
-        model_path, getattr(torch, devices.dtype), options, receives_in_place=receives_in_place
+        model_path, getattr(torch, devices.dtype), options, receives_in_place=receives_in_place, lora=lora
     )
 
 
@@ -322,21 +325,60 @@ def check_vllm_generation(model: str, devices: Devices = GPU, greedy_tokens: int
         compared = engine.generate(prompts, _greedy(greedy_tokens))
         seconds = time.perf_counter() - start
     reference = _hf_engine(devices, path).generate(prompts, _greedy(greedy_tokens))
+    figures = {"engine_start_s": started, **_greedy_agreement(devices, compared, reference)}
+    return {**figures, "greedy_tokens_per_s": sum(len(g.token_ids) for g in compared) / seconds}
+
+
+def _greedy_agreement(devices: Devices, compared, reference) -> dict:
+    """How many greedy continuations are token for token alike, and the largest log-prob gap on
+    the tokens before any parting; ``CheckFailed`` below ``SAME_CONTINUATIONS_MIN`` or past
+    ``LOGPROB_ATOL``."""
     same, gap = 0, 0.0
-    for c, r in zip(compared, reference):
+    for c, r in zip(compared, reference, strict=True):
         same += c.token_ids == r.token_ids
         shared = next((i for i, (a, b) in enumerate(zip(c.token_ids, r.token_ids)) if a != b), None)
         shared = min(len(c.token_ids), len(r.token_ids)) if shared is None else shared
         gap = max([gap, *(abs(a - b) for a, b in zip(c.logprobs[:shared], r.logprobs[:shared]))])
-    figures = {
-        "engine_start_s": started,
-        "same_continuations": f"{same}/{len(prompts)}",
-        "max_logprob_gap": gap,
-        "greedy_tokens_per_s": sum(len(g.token_ids) for g in compared) / seconds,
-    }
-    if same < SAME_CONTINUATIONS_MIN * len(prompts) or gap > LOGPROB_ATOL:
+    figures = {"same_continuations": f"{same}/{len(compared)}", "max_logprob_gap": gap}
+    if same < SAME_CONTINUATIONS_MIN * len(compared) or gap > LOGPROB_ATOL:
         raise CheckFailed(f"{devices.engine} and HF greedy continuations differ: {figures}")
     return figures
+
+
+def check_lora_sync(model: str, devices: Devices = GPU, greedy_tokens: int = GREEDY_TOKENS) -> dict:
+    """An adapter-only sync (``lora``: rank 16 on every attention and MLP projection, seeded random
+    A and B) into the compared engine, which vLLM loads as a LoRA adapter by its version; its
+    greedy continuations then agree with the HF engine's on the merged model as in
+    ``vllm_generation``, and differ from the base model's for at least one prompt."""
+    devices.require(engine=True)
+    from transformers import AutoModelForCausalLM
+
+    from rllib_arpo.learner.checkpoint import export_policy
+    from rllib_arpo.models.catalogue import resolve_model_path
+    from rllib_arpo.models.lora import LoraSettings, adapter_state, add_lora, randomise_adapter
+
+    path = resolve_model_path(model)
+    settings = LoraSettings(rank=16, alpha=32)
+    adapted = add_lora(AutoModelForCausalLM.from_pretrained(path), settings)
+    randomise_adapter(adapted, seed=0, scale=0.05)
+    adapter = adapter_state(adapted)
+    with _running(_compared_engine(devices, path, lora=settings)) as engine:
+        prompts = _prompts(engine.tokenizer)
+        before = _greedy_tokens(engine, prompts, greedy_tokens)
+        start = time.perf_counter()
+        engine.update_weights(adapter, version=1)
+        sync_s = time.perf_counter() - start
+        compared = engine.generate(prompts, _greedy(greedy_tokens))
+    with tempfile.TemporaryDirectory(prefix="lora-merged-") as directory:
+        merged = export_policy(adapter, path, Path(directory) / "policy", devices.dtype, settings)
+        reference = _hf_engine(devices, str(merged)).generate(prompts, _greedy(greedy_tokens))
+    changed = sum(c.token_ids != b for c, b in zip(compared, before))
+    if changed == 0:
+        raise CheckFailed("the adapter changed no greedy continuation: the engine may not sample with it")
+    figures = _greedy_agreement(devices, compared, reference)
+    adapter_bytes = sum(t.numel() * t.element_size() for t in adapter.values())
+    return {**figures, "changed_by_adapter": f"{changed}/{len(prompts)}", "adapter_mb": adapter_bytes / 1e6,
+            "sync_s": sync_s}  # fmt: skip
 
 
 def save_perturbed_model(model_path: str, directory: str, dtype: str):
@@ -642,6 +684,7 @@ PIECES = {
         Piece("cuda_torch", check_cuda_torch, timeout_s=60),
         Piece("vllm_generation", check_vllm_generation, timeout_s=300),
         Piece("nccl_broadcast", check_nccl_broadcast, timeout_s=420),
+        Piece("lora_sync", check_lora_sync, timeout_s=300),
         Piece("learners", check_learners, timeout_s=600),
         Piece("learner_memory", check_learner_memory, timeout_s=300),
         Piece("throughput", check_throughput, timeout_s=300),

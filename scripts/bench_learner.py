@@ -27,8 +27,10 @@ import argparse
 import resource
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import ray
@@ -44,12 +46,14 @@ class Layout:
     num_learners: int
     learner_backend: str = "torch"
     zero_stage: int = 2
+    lora: dict | None = None
 
     def config_fields(self) -> dict:
         return {
             "num_learners": self.num_learners,
             "learner_backend": self.learner_backend,
             "zero_stage": self.zero_stage,
+            "lora": self.lora,
         }
 
 
@@ -154,6 +158,7 @@ class Measurement:
     tokens_per_s: float
     peak_rss_gib: list[float]
     estimate_gib: float
+    probed: Any = None
 
 
 def _peak_rss_gib(_learner) -> float:
@@ -168,10 +173,13 @@ def measure(
     repeats: int,
     dtype: str = "float32",
     cpus_per_learner: int = 1,
+    fields: dict | None = None,
+    probe: Callable | None = None,
 ) -> Measurement:
     """Trained tokens/s and peak memory of ``layout``'s learners on ``batch`` in ``dtype`` (with
     float32 master weights where it is another), each learner with ``cpus_per_learner`` CPUs (Ray
-    gives its process as many torch threads)."""
+    gives its process as many torch threads). ``fields``: further config fields (``kl_coef``, ...);
+    ``probe(learner_group)``: called after the timed updates, its result kept as ``probed``."""
     from ray.rllib.core import DEFAULT_MODULE_ID
 
     from rllib_arpo.algorithm import ARPOConfig
@@ -191,6 +199,7 @@ def measure(
             micro_batch_tokens=shape.micro_batch_tokens,
             **layout.config_fields(),
         )
+        .update_from_dict(fields or {})
     )
     from transformers import AutoConfig
 
@@ -205,11 +214,12 @@ def measure(
             update_learners(group, batch, config)
             seconds.append(time.perf_counter() - start)
         peaks = [r.get() for r in group.foreach_learner(_peak_rss_gib)]
+        probed = probe(group) if probe is not None else None
     finally:
         group.shutdown()
     length = batch["input_ids"].shape[1]
     estimate = learner_memory_of_config(config, sequence_length=length).total / GIB
-    return Measurement(tokens / statistics.median(seconds), peaks, estimate)
+    return Measurement(tokens / statistics.median(seconds), peaks, estimate, probed)
 
 
 def main() -> None:

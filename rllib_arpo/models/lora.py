@@ -128,13 +128,19 @@ def add_lora(model: torch.nn.Module, settings: LoraSettings, *, adapter_dtype: t
     return model
 
 
-def has_lora(model: torch.nn.Module) -> bool:
-    return any(".lora_" in name for name, _ in model.named_parameters())
-
-
 def adapter_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
     """The adapter's parameters under ``model``'s own names."""
     return {name: parameter for name, parameter in model.named_parameters() if ".lora_" in name}
+
+
+def randomise_adapter(model: torch.nn.Module, seed: int = 0, scale: float = 0.3) -> None:
+    """Give A and B seeded N(0, ``scale``^2) values, so that the adapter acts (at init B = 0 and
+    it is the identity): for checks and benchmarks of the adapter's path."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in adapter_parameters(model).values():
+            noise = torch.randn(parameter.shape, generator=generator)
+            parameter.copy_(scale * noise)
 
 
 def saved_name(name: str) -> str:

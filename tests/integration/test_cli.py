@@ -165,6 +165,7 @@ def test_stop_and_config_overrides_and_grid_search_are_read(tmp_path):
 MODELS_TO_BRING = {
     "arpo_qwen.yaml",
     "arpo_qwen_1gpu.yaml",
+    "arpo_qwen_lora_1gpu.yaml",
     "arpo_qwen_8gpu.yaml",
     "arpo_qwen_nodes.yaml",
     "arpo_smollm2.yaml",

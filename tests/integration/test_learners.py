@@ -148,7 +148,6 @@ def test_two_lora_learners_update_as_one_and_train_the_adapter_only(
 ):
     """The adapter's two updates match one learner's; every learner's frozen base weights got no
     gradient, so DDP and DeepSpeed reduced the adapter's gradients alone."""
-    from ray.rllib.core import DEFAULT_MODULE_ID
 
     batch, (expected, expected_norms, _) = one_lora_learner
     assert expected and all(".lora_" in name for name in expected)  # the adapter's tensors only

@@ -24,6 +24,7 @@ QWEN2_5 = {
 }  # fmt: skip
 RESOURCES = {
     "arpo_qwen_1gpu.yaml": "one trial asks Ray for 2 CPU, 1 GPU (placement group, strategy PACK)",
+    "arpo_qwen_lora_1gpu.yaml": "one trial asks Ray for 2 CPU, 1 GPU (placement group, strategy PACK)",
     "arpo_qwen_8gpu.yaml": "one trial asks Ray for 5 CPU, 8 GPU (placement group, strategy PACK)",
     "arpo_qwen_nodes.yaml": (
         "one trial asks Ray for 17 CPU, 24 GPU, 8 learner_node, 16 rollout_node (placement group, strategy PACK)"

@@ -96,6 +96,22 @@ def test_bench_learner_prints_a_row_per_layout(tiny_policy_cache):
     assert [int(r[5]) for r in rows] == [32, 32] and [int(r[6]) for r in rows] == [96, 64]
 
 
+def test_bench_lora_compares_lora_with_full_fine_tuning(tiny_policy_cache, tmp_path):
+    out = run_script(
+        "bench_lora.py", "--model-path", "tiny", "--engine", "hf", "--rows", "4", "--prompt-tokens", "16",
+        "--response-tokens", "16", "--repeats", "1", "--json", str(tmp_path / "lora.json"), cache=tiny_policy_cache,
+    )  # fmt: skip
+    figures = json.loads((tmp_path / "lora.json").read_text())
+    [row] = [line for line in out.splitlines() if line.startswith("| bytes per sync")]
+    full, lora, ratio = (cell.strip() for cell in row.split("|")[2:5])
+    assert float(ratio.removesuffix("x")) == pytest.approx(float(lora) / float(full), rel=0.02)
+    # the tiny policy (hidden 128, intermediate 256, 2 layers), rank 16 on its 7 projections: q, o are
+    # [128, 128], k, v [128, 128] (2 heads of 64, 2 kv heads), gate, up [256, 128], down [128, 256]
+    adapter_values = 2 * 16 * (4 * (128 + 128) + 3 * (256 + 128))
+    assert figures["lora"]["sync_mb"] == pytest.approx(adapter_values * 2 / 1e6)  # bfloat16
+    assert figures["full"]["sync_mb"] > 5 * figures["lora"]["sync_mb"]
+
+
 def test_bench_dtype_compares_float32_and_bfloat16(tiny_policy_cache, tmp_path):
     out = run_script(
         "bench_dtype.py", "--model-path", "tiny", "--engines", "hf", "--prompts", "2", "--max-new-tokens", "8",

@@ -26,6 +26,7 @@ from rllib_arpo.gpu_check import (
     Piece,
     Skip,
     check_cuda_torch,
+    check_lora_sync,
     check_nccl_broadcast,
     check_vllm_generation,
     compare_memory,
@@ -46,8 +47,8 @@ def test_check_gpu_without_a_gpu_skips_every_piece(tmp_path, capsys):
     assert [p["piece"] for p in record["pieces"]] == list(PIECES)
     assert {p["status"] for p in record["pieces"]} == {"SKIP"}
     assert {p["reason"] for p in record["pieces"]} == {"no CUDA device: torch.cuda.is_available() is False"}
-    assert record["summary"] == {"PASS": 0, "FAIL": 0, "SKIP": 6}
-    assert capsys.readouterr().out.splitlines()[-1] == "summary: 0 PASS, 0 FAIL, 6 SKIP (model tiny)"
+    assert record["summary"] == {"PASS": 0, "FAIL": 0, "SKIP": 7}
+    assert capsys.readouterr().out.splitlines()[-1] == "summary: 0 PASS, 0 FAIL, 7 SKIP (model tiny)"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the piece runs for real")
@@ -168,6 +169,18 @@ def test_an_engine_that_continues_otherwise_fails(lively_model_dir, perturbed_di
     monkeypatch.setattr(gpu_check, "_compared_engine", lambda devices, path: HFEngine.from_pretrained(perturbed_dir))
     with pytest.raises(CheckFailed, match="hf and HF greedy continuations differ: .*'same_continuations': '0/8'"):
         check_vllm_generation(lively_model_dir, CPU, greedy_tokens=GREEDY_TOKENS)
+
+
+def test_an_adapter_sync_continues_as_the_merged_model(lively_model_dir):
+    figures = check_lora_sync(lively_model_dir, CPU, greedy_tokens=GREEDY_TOKENS)
+    assert figures["same_continuations"] == "8/8"
+    assert figures["changed_by_adapter"] != "0/8"
+
+
+def test_an_engine_that_ignores_the_adapter_fails(lively_model_dir, monkeypatch):
+    monkeypatch.setattr(HFEngine, "update_weights", lambda engine, state, version: None)
+    with pytest.raises(CheckFailed, match="the adapter changed no greedy continuation"):
+        check_lora_sync(lively_model_dir, CPU, greedy_tokens=GREEDY_TOKENS)
 
 
 def test_weights_broadcast_into_the_engine_continue_as_a_fresh_engine(lively_model_dir):

@@ -26,6 +26,7 @@ from rllib_arpo.models.lora import (
     add_lora,
     merged_weights,
     model_name,
+    randomise_adapter,
     saved_name,
 )
 from rllib_arpo.rollout.engine import SamplingParams
@@ -39,16 +40,6 @@ LORA = {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj
 LOGPROB_ATOL = 1e-4
 
 
-def randomised_adapter(model: torch.nn.Module, seed: int = 0) -> None:
-    """B = 0 at init makes the adapter the identity: give A and B seeded random values (A's init
-    draws from the global generator, which earlier tests move) so that it acts, the same way in
-    every run."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in adapter_parameters(model).values():
-            parameter.copy_(0.3 * torch.randn(parameter.shape, generator=generator))
-
-
 def test_saved_names_are_peft_s_and_round_trip():
     name = "model.layers.0.self_attn.q_proj.lora_A.default.weight"
     assert saved_name(name) == "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
@@ -58,7 +49,7 @@ def test_saved_names_are_peft_s_and_round_trip():
 def test_merged_weights_equal_peft_s_own_merge(model_dir):
     settings = LoraSettings(**LORA)
     model = add_lora(AutoModelForCausalLM.from_pretrained(model_dir), settings)
-    randomised_adapter(model)
+    randomise_adapter(model)
     base = model_weights(model_dir)
     merged = merged_weights(base, adapter_state(model), settings)
 
@@ -79,7 +70,7 @@ def test_an_hf_engine_after_an_adapter_sync_samples_as_the_merged_model(model_di
     then equal those of a fresh load of the exported merged model."""
     settings = LoraSettings(**LORA)
     trained = add_lora(AutoModelForCausalLM.from_pretrained(model_dir), settings)
-    randomised_adapter(trained)
+    randomise_adapter(trained)
     adapter = {name: t.clone() for name, t in adapter_state(trained).items()}
     assert all(name.startswith("base_model.model.") for name in adapter)
 
@@ -146,7 +137,7 @@ def test_the_kl_reference_is_the_base_model_with_the_adapter_off(model_dir):
     learner = build_learner(model_dir, learners={"lora": LORA}, kl_coef=0.1)
     assert learner._reference_models == {}  # no second copy of the base weights
     module = module_of(learner)
-    randomised_adapter(module.model)
+    randomise_adapter(module.model)
     batch = training_batch(learner)
     base = AutoModelForCausalLM.from_pretrained(model_dir)
     expected, _ = sequence_logprobs(base, batch, chunk_size=module.logprob_chunk_size)

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 from rllib_arpo.data.tir_task import TIRTask, format_prompt  # noqa: E402
 from rllib_arpo.learner.checkpoint import model_weights  # noqa: E402
-from rllib_arpo.models.lora import LoraSettings, adapter_parameters, adapter_state, add_lora, merged_weights  # noqa: E402
+from rllib_arpo.models.lora import LoraSettings, adapter_state, add_lora, merged_weights, randomise_adapter  # noqa: E402
 from tests.vllm.test_vllm_engine import assert_same_generations, greedy  # noqa: E402
 
 SETTINGS = LoraSettings(rank=8, alpha=16, target_modules=("q_proj", "v_proj", "up_proj", "down_proj"))
@@ -21,10 +21,7 @@ SETTINGS = LoraSettings(rank=8, alpha=16, target_modules=("q_proj", "v_proj", "u
 def adapter_of(policy_dir, seed: int) -> dict[str, torch.Tensor]:
     """An adapter of seeded random A and B (at init B = 0 and the adapter is the identity)."""
     model = add_lora(AutoModelForCausalLM.from_pretrained(policy_dir), SETTINGS)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in adapter_parameters(model).values():
-            parameter.copy_(0.5 * torch.randn(parameter.shape, generator=generator))
+    randomise_adapter(model, seed, scale=0.5)
     return {name: tensor.clone() for name, tensor in adapter_state(model).items()}
 
 
