@@ -67,7 +67,7 @@ from rllib_arpo.models.lora import LoraSettings
 from rllib_arpo.rollout.env_runner import ARPOEnvRunner, DataPosition, RolloutBatch
 from rllib_arpo.rollout_pipeline import RolloutPipeline, SampleFailure, batch_staleness, sample_or_failure
 from rllib_arpo.weights import WEIGHT_SYNCS
-from rllib_arpo.weights.object_store import policy_weights
+from rllib_arpo.weights.object_store import policy_weights, tensor_bytes
 
 MAX_SAMPLE_ATTEMPTS = 3
 RESTART_TIMEOUT_S = 300.0
@@ -568,12 +568,14 @@ class ARPO(Algorithm):
         ``runner_ids``), labelled ``weights_version``, the way ``weight_sync`` says."""
         version = self.weights_version
         if self.config.num_env_runners == 0:
-            self.env_runner.set_state({"weights": policy_weights(self.learner_group), "weights_version": version})
+            weights = policy_weights(self.learner_group)
+            self.env_runner.set_state({"weights": weights, "weights_version": version})
+            sent_bytes = tensor_bytes(weights)
         else:
             wait = self.pipeline is None  # pipelined: queued behind the sample() requests already there
             sent_bytes = self.weight_sender.push(self.learner_group, self.env_runner_group, version, runner_ids, wait)
-            if sent_bytes is not None:  # object_store_delta counts what it puts in the object store
-                self.metrics.log_value("weight_sync_bytes", sent_bytes, window=1)
+        if sent_bytes is not None:  # what the way puts into the object store (a broadcast: None)
+            self.metrics.log_value("weight_sync_bytes", sent_bytes, window=1)
 
 
 def _family_trainable(name: str) -> type[ARPO]:

@@ -86,6 +86,7 @@ class AdamSteps:
 def full_against_delta(model_path: str, weights, args) -> None:
     """Bytes and seconds per sync of the full and the delta object-store sync, side by side."""
     from rllib_arpo.weights.delta import encode, payload_bytes
+    from rllib_arpo.weights.object_store import tensor_bytes
 
     print(f"\nfull vs delta while the policy moves (Adam, lr {args.lr:g}, random gradients)")
     columns = f"{'dtype':<9} {'receivers':>9} {'full MB':>8} {'delta MB':>9} {'bytes':>6}"
@@ -104,7 +105,7 @@ def full_against_delta(model_path: str, weights, args) -> None:
                 ray.get([holder.load.remote(ray.put(new)) for holder in holders])
                 full_s.append(time.perf_counter() - start)
                 ray.get([holder.load.remote(ray.put(new), keep=True) for holder in holders])  # the delta's base
-                full_bytes.append(payload_bytes({name: {"full": t} for name, t in new.items()}))
+                full_bytes.append(tensor_bytes(new))
                 last_sent, new = new, step(dtype)
                 start = time.perf_counter()
                 delta = encode(last_sent, new)

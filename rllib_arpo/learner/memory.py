@@ -235,6 +235,9 @@ def out_of_memory_advice(config: Any, rows: int, length: int) -> str:
         knobs.append("gradient_checkpointing: false -> true (recompute activations in the backward pass)")
     if config.dtype == "float32":
         knobs.append("dtype: float32 -> bfloat16 (with master_weights: true it still learns at small lr)")
+    if config.lora is None:
+        knobs.append("lora: null -> {rank: 16} (train an adapter: gradients and AdamW states of the adapter only, the "
+                     "frozen weights in dtype, no second copy for the KL reference)")  # fmt: skip
     if not LEARNER_BACKENDS.get(config.learner_backend).partitions_by_zero_stage:
         knobs.append("learner_backend: deepspeed with zero_stage: 2 or 3 and num_learners >= 2 (partitions optimizer "
                      "states, gradients, weights)")  # fmt: skip

@@ -67,6 +67,7 @@ from rllib_arpo.learner.packing import micro_batches
 from rllib_arpo.learner.rl_module import engine_state_dict, load_reference_model
 from rllib_arpo.learner.rllib_compat import parameter_gradients, update_batch, update_result, zero_gradients
 from rllib_arpo.weights.broadcast import WeightBroadcastGroup, WeightLayout, free_address
+from rllib_arpo.weights.object_store import tensor_bytes
 
 logger = logging.getLogger(__name__)
 RNG_STATES = "rng_states"
@@ -94,7 +95,8 @@ class ARPOTorchLearner(TorchLearner):
     def policy_weights(self, module_id, *, as_object_ref: bool = False, on_device: bool = False):
         """The module's weights under transformers' names (with LoRA: the adapter's tensors under
         their saved names, ``models.lora``), cast to the engines' ``dtype``, on
-        learner rank 0 (None on the others); in the object store with ``as_object_ref``; on the
+        learner rank 0 (None on the others); with ``as_object_ref`` put into the object store, as
+        ``(ObjectRef, bytes put)``; on the
         learner's device with ``on_device`` (else in CPU memory). Tensors already in that dtype
         and place are the parameters themselves (no copy): clone them to keep a snapshot."""
         state = self.full_module_state(module_id, on_device=on_device)
@@ -103,7 +105,7 @@ class ARPOTorchLearner(TorchLearner):
         lora = self.module[module_id].unwrapped().lora is not None
         engine_state = engine_state_dict(state, lora)
         weights = {name: tensor.to(DTYPES[self.config.dtype]) for name, tensor in engine_state.items()}
-        return ray.put(weights) if as_object_ref else weights
+        return (ray.put(weights), tensor_bytes(weights)) if as_object_ref else weights
 
     # --- weight_sync: broadcast (weights.broadcast): rank 0 is the source ------------------
     def weight_group_address(self) -> tuple[str, int, str] | None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import ray
 import torch
 
-from rllib_arpo.weights.object_store import policy_weights, resolved, set_state_on_env_runners
+from rllib_arpo.weights.object_store import policy_weights, resolved, set_state_on_env_runners, tensor_bytes
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -119,7 +119,7 @@ class ObjectStoreDeltaSync:
         weights = policy_weights(learner_group)
         if self.last_sent is None or runner_ids is not None:
             state = {"weights": ray.put(weights), "weights_version": version}
-            sent_bytes = payload_bytes({name: {"full": t} for name, t in weights.items()})
+            sent_bytes = tensor_bytes(weights)
         else:
             delta = encode(self.last_sent, weights)
             state = {"weights_delta": ray.put(delta), "base_version": self.last_version, "weights_version": version}

@@ -10,14 +10,15 @@ What the other ways build on lives here too: the weights of learner rank 0 (``po
 from __future__ import annotations
 
 import ray
+import torch
 
 
 def policy_weights(learner_group, *, as_object_ref: bool = False):
     """The policy's weights under transformers' names, in the engines' dtype, from learner rank 0.
 
     Every learner takes part (ZeRO-3 gathers its partitioned parameters collectively). With
-    ``as_object_ref`` a remote learner puts the weights into the object store itself and only
-    the reference travels."""
+    ``as_object_ref`` the learner puts the weights into the object store itself and only the
+    reference travels, with the bytes it put: ``(ObjectRef, bytes)``."""
     from ray.rllib.core import DEFAULT_MODULE_ID  # here: vLLM's workers import this package, not RLlib
 
     results = learner_group.foreach_learner(
@@ -25,6 +26,11 @@ def policy_weights(learner_group, *, as_object_ref: bool = False):
     )
     [weights] = [result.get() for result in results if result.get() is not None]
     return weights
+
+
+def tensor_bytes(weights: dict[str, torch.Tensor]) -> int:
+    """Bytes of a state dict's tensors (what a full send carries)."""
+    return sum(t.numel() * t.element_size() for t in weights.values())
 
 
 def set_state_on_env_runners(env_runner_group, state: dict, runner_ids: list[int] | None, wait: bool) -> None:
@@ -62,11 +68,11 @@ class ObjectStoreSync:
     receives_in_place = False
     receiver = FullWeightsReceiver
 
-    def push(self, learner_group, env_runner_group, version: int, runner_ids: list[int] | None, wait: bool) -> None:
-        weights = policy_weights(learner_group, as_object_ref=True)
-        if not isinstance(weights, ray.ObjectRef):  # a local learner: the driver puts them
-            weights = ray.put(weights)
+    def push(self, learner_group, env_runner_group, version: int, runner_ids: list[int] | None, wait: bool) -> int:
+        """Returns the bytes put into the object store."""
+        weights, sent_bytes = policy_weights(learner_group, as_object_ref=True)
         set_state_on_env_runners(env_runner_group, {"weights": weights, "weights_version": version}, runner_ids, wait)
+        return sent_bytes
 
     def reset(self) -> None:
         pass

@@ -159,6 +159,9 @@ def test_resume_continues_exactly_as_an_uninterrupted_run(uninterrupted_run, tin
     learner_weights = load_file(checkpoint / "learner_group/learner/rl_module/default_policy/model.safetensors")
     assert learner_weights and all(".lora_" in name for name in learner_weights)  # the adapter alone
     adapter = load_file(checkpoint / "policy/adapter/adapter_model.safetensors")
+    # every sync carried the adapter alone (float32, the run's dtype)
+    adapter_bytes = sum(t.numel() * 4 for t in adapter.values())
+    assert {r["weight_sync_bytes"] for r in results_of(interrupted)} == {adapter_bytes}
     merged = merged_weights(model_weights(tiny_model_path), adapter, LoraSettings(rank=4, alpha=8))
     for name, tensor in resumed_weights.items():
         torch.testing.assert_close(tensor, merged[name], rtol=0, atol=0, msg=name)
