@@ -38,7 +38,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rllib_arpo.core.dtypes import DTYPES
-from rllib_arpo.models.lora import LoraSettings, merged_weights, write_adapter
+from rllib_arpo.models.lora import LoraSettings, merged_weights, model_weights, write_adapter
 
 WEIGHTS_FILE = "model.safetensors"
 POLICY_DIRECTORY = "policy"
@@ -76,16 +76,6 @@ def save_weights(weights: dict[str, torch.Tensor], file: str | Path) -> None:
 
 def load_weights(file: str | Path) -> dict[str, torch.Tensor]:
     return load_file(str(file))
-
-
-def model_weights(model_path: str | Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a transformers directory's safetensors files (one, or the shards)."""
-    weights = {}
-    for file in sorted(Path(model_path).glob("*.safetensors")):
-        weights.update(load_file(str(file)))
-    if not weights:
-        raise FileNotFoundError(f"{model_path} holds no .safetensors weights")
-    return weights
 
 
 def export_policy(

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """Every linear layer of attention and MLP of a Llama/Qwen-style decoder (not the LM head)."""
@@ -190,6 +191,16 @@ def adapters_disabled(model: torch.nn.Module):
             layer.enable_adapters(True)
         for name, parameter in adapter_parameters(model).items():
             parameter.requires_grad_(trainable[name])
+
+
+def model_weights(model_path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a transformers directory's safetensors files (one, or the shards)."""
+    weights = {}
+    for file in sorted(Path(model_path).glob("*.safetensors")):
+        weights.update(load_file(str(file)))
+    if not weights:
+        raise FileNotFoundError(f"{model_path} holds no .safetensors weights")
+    return weights
 
 
 def merged_weights(

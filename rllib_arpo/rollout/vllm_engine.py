@@ -42,7 +42,7 @@ from vllm.lora.request import LoRARequest
 from vllm.platforms import current_platform
 
 from rllib_arpo.core.entropy import entropy_from_topk_logprobs
-from rllib_arpo.models.lora import LoraSettings, write_adapter
+from rllib_arpo.models.lora import LoraSettings, merged_weights, model_weights, write_adapter
 from rllib_arpo.rollout.engine import EngineStats, Generation, SamplingParams
 from rllib_arpo.weights.broadcast import WeightLayout
 
@@ -79,9 +79,16 @@ class VLLMEngine:
             chunked prefill is off unless set here, and a step's token budget
             (``max_num_batched_tokens``) is at least the longest sequence: split prefills of seeded
             requests crash vLLM 0.32's CPU backend.
-        lora: sample through a LoRA adapter of these settings: vLLM is started with LoRA on, and
-            ``update_weights`` takes the adapter's tensors, writes them as an adapter directory
-            and has vLLM load it under the weights' version (the base weights never reload).
+        lora: sample through a LoRA adapter of these settings: ``update_weights`` takes the
+            adapter's tensors (``models.lora``), served as ``merge_adapter`` says.
+        merge_adapter: with ``lora``, how the engine samples with the adapter it receives. false:
+            as a LoRA adapter (vLLM started with LoRA on, the adapter written as an adapter
+            directory and loaded under the weights' version; the base weights never reload).
+            true: merged into the base weights here (W + (alpha / r) B A, from a copy of the base
+            weights kept in CPU memory) and reloaded as a full update, so generation runs vLLM's
+            plain kernels. null: true on the CPU backend, where vLLM's LoRA kernels generated 4.5x
+            fewer tokens/s on SmolLM2-135M (docs/scaling.md), false elsewhere. Either way only
+            the adapter travels from the learner.
     """
 
     prefers_early_children = False  # on CPU its time follows tokens computed, prefill included
@@ -98,6 +105,7 @@ class VLLMEngine:
         seed: int = 0,
         enable_prefix_caching: bool = True,
         lora: LoraSettings | None = None,
+        merge_adapter: bool | None = None,
         **llm_kwargs,
     ) -> None:
         self.check_options(
@@ -114,7 +122,9 @@ class VLLMEngine:
             longest = max_model_len or AutoConfig.from_pretrained(model_path).max_position_embeddings
             budget = max(llm_kwargs.get("max_num_batched_tokens") or CPU_BATCHED_TOKENS, longest)
             llm_kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=budget)
-        if lora is not None:
+        if merge_adapter is None:
+            merge_adapter = current_platform.is_cpu()
+        if lora is not None and not merge_adapter:
             llm_kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(lora.rank))
         self.llm = LLM(
             model=str(model_path),
@@ -135,6 +145,8 @@ class VLLMEngine:
         self.model_path = str(model_path)
         self.lora = lora
         self.adapter: tuple[LoRARequest, tempfile.TemporaryDirectory] | None = None  # None: the base model
+        # merge_adapter: the base weights the adapter is merged into at each update
+        self.base_weights = model_weights(model_path) if lora is not None and merge_adapter else None
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:
@@ -169,12 +181,16 @@ class VLLMEngine:
 
     def update_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         """Reload ``state`` (transformers parameter names) into every worker in place; with
-        ``lora``, load it as the adapter of version ``version`` (``_load_adapter``).
+        ``lora``, merge it into the base weights and reload those, or load it as the adapter of
+        version ``version`` (``_load_adapter``), as ``merge_adapter`` says.
 
         Tensors that share storage (tied embeddings: ``lm_head.weight`` is
         ``model.embed_tokens.weight``) are written as separate copies, which safetensors needs.
         """
-        if self.lora is not None:
+        if self.base_weights is not None:
+            dtype = self.llm.llm_engine.model_config.dtype
+            state = {name: t.to(dtype) for name, t in merged_weights(self.base_weights, state, self.lora).items()}
+        elif self.lora is not None:
             self._load_adapter(state, version)
             return
         seen_storage: set[int] = set()

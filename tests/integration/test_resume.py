@@ -125,8 +125,7 @@ def test_resume_continues_exactly_as_an_uninterrupted_run(uninterrupted_run, tin
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from rllib_arpo.learner.checkpoint import model_weights
-    from rllib_arpo.models.lora import LoraSettings, merged_weights
+    from rllib_arpo.models.lora import LoraSettings, merged_weights, model_weights
 
     experiment = tmp_path / "experiment.yaml"
     experiment.write_text(

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from rllib_arpo.algorithm import ARPOConfig
-from rllib_arpo.learner.checkpoint import ADAPTER_DIRECTORY, export_policy, model_weights
+from rllib_arpo.learner.checkpoint import ADAPTER_DIRECTORY, export_policy
 from rllib_arpo.learner.forward import sequence_logprobs
 from rllib_arpo.learner.memory import ModelShape, estimate_learner_memory
 from rllib_arpo.models.lora import (
@@ -26,6 +26,7 @@ from rllib_arpo.models.lora import (
     add_lora,
     merged_weights,
     model_name,
+    model_weights,
     randomise_adapter,
     saved_name,
 )

@@ -1,5 +1,5 @@
-"""vLLM with a LoRA adapter (``lora``): each sync loads the adapter alone under its version, and the
-engine then samples as the merged model does."""
+"""vLLM with a LoRA adapter (``lora``): each sync brings the adapter alone, which the engine loads
+under its version or merges into its weights, and it then samples as the merged model does."""
 
 from __future__ import annotations
 
@@ -11,8 +11,14 @@ pytest.importorskip("vllm")
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from rllib_arpo.data.tir_task import TIRTask, format_prompt  # noqa: E402
-from rllib_arpo.learner.checkpoint import model_weights  # noqa: E402
-from rllib_arpo.models.lora import LoraSettings, adapter_state, add_lora, merged_weights, randomise_adapter  # noqa: E402
+from rllib_arpo.models.lora import (  # noqa: E402
+    LoraSettings,
+    adapter_state,
+    add_lora,
+    merged_weights,
+    model_weights,
+    randomise_adapter,
+)
 from tests.vllm.test_vllm_engine import assert_same_generations, greedy  # noqa: E402
 
 SETTINGS = LoraSettings(rank=8, alpha=16, target_modules=("q_proj", "v_proj", "up_proj", "down_proj"))
@@ -25,11 +31,15 @@ def adapter_of(policy_dir, seed: int) -> dict[str, torch.Tensor]:
     return {name: tensor.clone() for name, tensor in adapter_state(model).items()}
 
 
-@pytest.fixture(scope="module")
-def lora_engine(policy_dir):
+@pytest.fixture(scope="module", params=[False, True], ids=["served-as-adapter", "merged"])
+def lora_engine(policy_dir, request):
+    """vLLM sampling through the adapter (``merge_adapter`` false), or with it merged into its weights."""
     from rllib_arpo.rollout.vllm_engine import VLLMEngine
 
-    engine = VLLMEngine(str(policy_dir), dtype="float32", logprobs_k=20, max_model_len=1024, seed=0, lora=SETTINGS)
+    engine = VLLMEngine(
+        str(policy_dir), dtype="float32", logprobs_k=20, max_model_len=1024, seed=0, lora=SETTINGS,
+        merge_adapter=request.param,
+    )  # fmt: skip
     yield engine
     engine.close()
 
@@ -54,6 +64,9 @@ def test_an_adapter_sync_samples_as_the_merged_model(lora_engine, hf_engine, pol
             after = lora_engine.generate(prompts, params)
             assert_same_generations(after, hf_engine.generate(prompts, params))
             assert [g.token_ids for g in after] != [g.token_ids for g in base_generations]  # the adapter acts
-        assert set(lora_engine.llm.llm_engine.list_loras()) == {2}  # the older adapters are gone
+        if lora_engine.base_weights is None:
+            assert set(lora_engine.llm.llm_engine.list_loras()) == {2}  # the older adapters are gone
+        else:  # merged: plain kernels, vLLM runs without LoRA
+            assert lora_engine.llm.llm_engine.vllm_config.lora_config is None
     finally:
         hf_engine.update_weights(base, version=0)
