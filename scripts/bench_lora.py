@@ -1,7 +1,7 @@
 """LoRA against full fine-tuning, side by side in one run: the learner's peak memory and trained
 tokens/s, and the bytes and seconds of one weight sync into an engine, with their ratios.
 
-    python scripts/bench_lora.py --model-path smollm2-135m --engine vllm
+    python scripts/bench_lora.py --model-path smollm2-135m --engine vllm --merge-adapter false
     python scripts/bench_lora.py --model-path tiny --engine hf --rows 4 --prompt-tokens 16 \
         --response-tokens 16 --repeats 1                    # the smallest size (CI)
 
@@ -16,8 +16,10 @@ set (``ru_maxrss``: the model load included).
 
 Sync: what the learner sends after an update (``policy_weights``, in the engines' bfloat16: the
 whole model, or the adapter) and the seconds from asking the learner for it to the engine having
-loaded it (``update_weights``: an in-place ``load_state_dict`` for hf, a safetensors reload of
-the whole model or a LoRA adapter loaded by version for vLLM), median of ``--repeats`` syncs.
+loaded it (``update_weights``: an in-place ``load_state_dict`` for hf; for vLLM a safetensors
+reload of the whole model, and for LoRA the adapter loaded by version, or with ``--merge-adapter
+true`` merged into the base weights and reloaded as a whole: the engine's ``merge_adapter``,
+``auto`` its default), median of ``--repeats`` syncs.
 """
 
 from __future__ import annotations
@@ -37,9 +39,10 @@ from bench_learner import BatchShape, Layout, make_batch, measure  # noqa: E402
 RECIPE_FIELDS = {"kl_coef": 0.2, "gradient_checkpointing": True}
 """``tuned_examples/arpo_smollm2.yaml``'s learner settings besides dtype and micro-batches."""
 MODES = ("full", "lora")
+MERGE_CHOICES = {"auto": None, "true": True, "false": False}
 
 
-def sync_seconds(engine_name: str, path: str, lora: dict | None, repeats: int):
+def sync_seconds(engine_name: str, path: str, lora: dict | None, repeats: int, merge_adapter: bool | None = None):
     """A probe for ``measure``: the bytes of the weights the learner sends and the median seconds
     of ``repeats`` syncs into a fresh engine (``policy_weights`` then ``update_weights``)."""
     from rllib_arpo.core.dtypes import DTYPES
@@ -48,7 +51,9 @@ def sync_seconds(engine_name: str, path: str, lora: dict | None, repeats: int):
     from rllib_arpo.weights.object_store import policy_weights
 
     def probe(group) -> tuple[int, float]:
-        options = {"max_model_len": 2048, "enable_chunked_prefill": False} if engine_name == "vllm" else {}
+        options = {}
+        if engine_name == "vllm":
+            options = {"max_model_len": 2048, "enable_chunked_prefill": False, "merge_adapter": merge_adapter}
         engine = ENGINES.get(engine_name).build(path, DTYPES["bfloat16"], options, lora=LoraSettings.from_config(lora))
         try:
             seconds = []
@@ -69,6 +74,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-path", default="smollm2-135m")
     parser.add_argument("--engine", default="vllm", choices=["hf", "vllm"])
+    parser.add_argument(
+        "--merge-adapter", default="auto", choices=MERGE_CHOICES, help="vLLM with LoRA: the engine's merge_adapter"
+    )
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--alpha", type=float, default=32.0)
     parser.add_argument("--rows", type=int, default=16)
@@ -107,7 +115,7 @@ def main() -> None:
             dtype="bfloat16",
             cpus_per_learner=2,
             fields=RECIPE_FIELDS,
-            probe=sync_seconds(args.engine, path, adapter, args.repeats),
+            probe=sync_seconds(args.engine, path, adapter, args.repeats, MERGE_CHOICES[args.merge_adapter]),
         )
         sync_bytes, sync_s = result.probed
         figures[mode] = {
@@ -123,7 +131,7 @@ def main() -> None:
     print(
         f"{args.model_path}: {rows} rows <= {length} tokens, bfloat16 (float32 master weights), KL to the initial "
         f"policy, gradient checkpointing; LoRA rank {args.rank}, alpha {args.alpha:g} on every attention and MLP "
-        f"projection; sync into {args.engine}; median of {args.repeats}"
+        f"projection; sync into {args.engine} (merge_adapter: {args.merge_adapter}); median of {args.repeats}"
     )
     print("| measure | full | LoRA | LoRA / full |")
     print("|---|---|---|---|")

@@ -199,7 +199,7 @@ def model_weights(model_path: str | Path) -> dict[str, torch.Tensor]:
     for file in sorted(Path(model_path).glob("*.safetensors")):
         weights.update(load_file(str(file)))
     if not weights:
-        raise FileNotFoundError(f"{model_path} holds no .safetensors weights")
+        raise FileNotFoundError(f"{model_path} holds no .safetensors weights (merging needs a local model directory)")
     return weights
 
 

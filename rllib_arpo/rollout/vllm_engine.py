@@ -21,7 +21,9 @@ Weights are updated in place, without restarting the engine: the new state dict 
 safetensors into a temporary directory, every worker reloads from it (``reload_weights``), and
 the prefix cache, which holds KV computed with the old weights, is cleared. With ``weight_sync:
 broadcast`` the workers receive the tensors from learner rank 0 instead and stream them into the
-same reload, with no disk (``weights.vllm_receiver``).
+same reload, with no disk (``weights.vllm_receiver``). With ``lora`` an update is a LoRA adapter's
+tensors, which vLLM either serves as an adapter (loaded by version) or gets merged into the base
+weights through the same reload (``merge_adapter``).
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ class VLLMEngine:
             directory and loaded under the weights' version; the base weights never reload).
             true: merged into the base weights here (W + (alpha / r) B A, from a copy of the base
             weights kept in CPU memory) and reloaded as a full update, so generation runs vLLM's
-            plain kernels. null: true on the CPU backend, where vLLM's LoRA kernels generated 4.5x
+            plain kernels. null: true on the CPU backend, where vLLM's LoRA kernels generated about 4x
             fewer tokens/s on SmolLM2-135M (docs/scaling.md), false elsewhere. Either way only
             the adapter travels from the learner.
     """
