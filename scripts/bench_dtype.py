@@ -149,7 +149,7 @@ def main() -> None:
     from rllib_arpo.models.catalogue import resolve_model_path
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from bench_learner import LAYOUTS, BatchShape, make_batch, measure
+    from bench_learner import LAYOUTS, make_batch, measure, tree_groups_shape
 
     path = resolve_model_path(args.model_path)
     prompts = [format_prompt(example) for example in TIRTask(seed=0).split("test")[: args.prompts]]
@@ -172,14 +172,7 @@ def main() -> None:
             )
         report(f"generation tokens/s ({engine_name})", rates)
 
-    shape = BatchShape(
-        rows=args.rows,
-        prompt_tokens=args.prompt_tokens,
-        response_tokens=args.response_tokens,
-        group_size=4,
-        shared_tokens=args.response_tokens // 3,
-        packing="tree",
-    )
+    shape = tree_groups_shape(args.rows, args.prompt_tokens, args.response_tokens)
     batch = make_batch(shape, AutoConfig.from_pretrained(path).vocab_size)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     results = {

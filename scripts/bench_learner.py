@@ -90,6 +90,20 @@ class BatchShape:
     extra: dict = field(default_factory=dict)
 
 
+def tree_groups_shape(rows: int, prompt_tokens: int, response_tokens: int) -> BatchShape:
+    """Rows in prompt groups of 4 that share the prompt and the first third of the response, laid
+    out as the training config's default (``packing: tree``): how a GRPO group or an ARPO tree
+    looks to the learner."""
+    return BatchShape(
+        rows=rows,
+        prompt_tokens=prompt_tokens,
+        response_tokens=response_tokens,
+        group_size=4,
+        shared_tokens=response_tokens // 3,
+        packing="tree",
+    )
+
+
 def make_batch(shape: BatchShape, vocab_size: int, seed: int = 0) -> dict[str, np.ndarray]:
     """A padded training batch (``learner.packing.pad_rows``) of random tokens and advantages."""
     from rllib_arpo.core.tree import TrajectoryRow

@@ -7,7 +7,7 @@ tokens/s, and the bytes and seconds of one weight sync into an engine, with thei
 
 Learner: ``bench_learner.measure`` (a fresh learner process per mode with 2 CPUs, one warm-up
 update, the median of ``--repeats`` updates) on ``bench_learner.make_batch``'s random batch of
-``--rows`` rows in prompt groups of 4, with the SmolLM2 recipe's learner settings
+``--rows`` rows (``bench_learner.tree_groups_shape``), with the SmolLM2 recipe's learner settings
 (``RECIPE_FIELDS``: bfloat16 with float32 master weights, the k3 KL to the initial policy at 0.2,
 gradient checkpointing, micro-batches of 4 rows). Full fine-tuning keeps a second copy of the
 model as the KL reference; LoRA (``--rank``, ``--alpha``, every attention and MLP projection)
@@ -34,7 +34,7 @@ from pathlib import Path
 import ray
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_learner import BatchShape, Layout, make_batch, measure  # noqa: E402
+from bench_learner import Layout, make_batch, measure, tree_groups_shape  # noqa: E402
 
 RECIPE_FIELDS = {"kl_coef": 0.2, "gradient_checkpointing": True}
 """``tuned_examples/arpo_smollm2.yaml``'s learner settings besides dtype and micro-batches."""
@@ -91,15 +91,7 @@ def main() -> None:
     from rllib_arpo.models.catalogue import resolve_model_path
 
     path = resolve_model_path(args.model_path)
-    shape = BatchShape(
-        rows=args.rows,
-        prompt_tokens=args.prompt_tokens,
-        response_tokens=args.response_tokens,
-        group_size=4,
-        shared_tokens=args.response_tokens // 3,
-        micro_batch_size=4,
-        packing="tree",
-    )
+    shape = tree_groups_shape(args.rows, args.prompt_tokens, args.response_tokens)
     batch = make_batch(shape, AutoConfig.from_pretrained(path).vocab_size)
     lora = {"rank": args.rank, "alpha": args.alpha}
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
