@@ -62,6 +62,10 @@ SAME_CONTINUATIONS_MIN = 0.75  # of the prompts, continued token for token alike
 LOGPROB_ATOL = 0.1  # nats, on the tokens before the continuations part
 NOISE_SCALE = 0.1  # the perturbed weights: noise of this times each tensor's standard deviation
 MATMUL_SIZE = 4096
+# The product timed for its TFLOP/s: the first ones on a GPU also create cuBLAS's handle and pick a
+# kernel (an H200 timed its first 4096^3 bf16 product at 1.4 TFLOP/s), so warm-ups run untimed
+MATMUL_WARMUPS = 3
+MATMUL_TIMED = 10  # the figure is the median of these
 BF16_UNIT_ROUNDOFF = 2**-8  # bf16 keeps 8 significant bits
 # Rounding to nearest errs by up to half a unit in the last place, uniformly: about 0.41 u relative
 # (RMS) for values spread over their binade. Rounding the random inputs (sqrt(2) 0.41 u on each
@@ -230,7 +234,8 @@ def _bf16_matmul(a, b):
 
 def check_cuda_torch(model: str, devices: Devices = GPU, size: int = MATMUL_SIZE) -> dict:
     """A ``size`` x ``size`` matmul in bf16 against float32: relative error (Frobenius) at most
-    ``MATMUL_RTOL``."""
+    ``MATMUL_RTOL``; its TFLOP/s from the median of ``MATMUL_TIMED`` products after
+    ``MATMUL_WARMUPS`` untimed ones."""
     devices.require()
     import platform
 
@@ -243,11 +248,15 @@ def check_cuda_torch(model: str, devices: Devices = GPU, size: int = MATMUL_SIZE
     a, b = (torch.randn(size, size, device=devices.device, generator=generator) for _ in range(2))
     expected = a @ b
     a16, b16 = a.bfloat16(), b.bfloat16()
-    _synchronize(devices.device)
-    start = time.perf_counter()
-    product = _bf16_matmul(a16, b16)
-    _synchronize(devices.device)
-    seconds = time.perf_counter() - start
+    for _ in range(MATMUL_WARMUPS):
+        product = _bf16_matmul(a16, b16)
+    seconds = []
+    for _ in range(MATMUL_TIMED):
+        _synchronize(devices.device)
+        start = time.perf_counter()
+        product = _bf16_matmul(a16, b16)
+        _synchronize(devices.device)
+        seconds.append(time.perf_counter() - start)
     error = float((product.float() - expected).norm() / expected.norm())
     if error > MATMUL_RTOL:
         raise CheckFailed(f"bf16 matmul relative error {error:.2e} > {MATMUL_RTOL:g}")
@@ -257,7 +266,7 @@ def check_cuda_torch(model: str, devices: Devices = GPU, size: int = MATMUL_SIZE
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "bf16_matmul_rel_error": error,
-        "bf16_matmul_tflops": 2 * size**3 / seconds / 1e12,
+        "bf16_matmul_tflops": 2 * size**3 / statistics.median(seconds) / 1e12,
     }
 
 

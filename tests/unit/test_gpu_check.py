@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -157,6 +158,24 @@ def test_a_matmul_that_loses_precision_fails(monkeypatch):
     monkeypatch.setattr(gpu_check, "_bf16_matmul", lambda a, b: (a @ b).to(torch.float8_e4m3fn).bfloat16())
     with pytest.raises(CheckFailed, match=r"bf16 matmul relative error .* > 0.01"):
         check_cuda_torch("tiny", CPU, size=256)
+
+
+def test_the_matmul_tflops_leave_out_the_warm_up_and_take_the_median(monkeypatch):
+    # a fake clock: the first product takes 1 s (a GPU's first creates cuBLAS's handle and picks a
+    # kernel), the timed ones 2, 3, 4, ... ms
+    clock, calls = [0.0], []
+
+    def product(a, b):
+        calls.append(1)
+        clock[0] += 1.0 if len(calls) == 1 else 1e-3 * len(calls)
+        return a @ b
+
+    monkeypatch.setattr(gpu_check, "_bf16_matmul", product)
+    monkeypatch.setattr(gpu_check, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    figures = check_cuda_torch("tiny", CPU, size=64)
+    assert len(calls) == gpu_check.MATMUL_WARMUPS + gpu_check.MATMUL_TIMED == 13
+    # the timed products took 4, 5, ..., 13 ms: the median is 8.5 ms
+    assert figures["bf16_matmul_tflops"] == pytest.approx(2 * 64**3 / 8.5e-3 / 1e12, rel=1e-9)
 
 
 def test_engines_that_continue_alike_pass(lively_model_dir):
