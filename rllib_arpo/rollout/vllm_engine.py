@@ -28,8 +28,10 @@ weights through the same reload (``merge_adapter``).
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +66,21 @@ def vllm_lora_rank(rank: int) -> int:
     raise ValueError(f"lora.rank {rank} is above vLLM's largest max_lora_rank, {VLLM_LORA_RANKS[-1]}")
 
 
+@contextmanager
+def _environment(values: Mapping[str, str]):
+    """``values`` set in ``os.environ`` inside the block, the old values back after it."""
+    old = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in old.items():
+            if value is None:
+                os.environ.pop(name)
+            else:
+                os.environ[name] = value
+
+
 class VLLMEngine:
     """Batched sampling with vLLM: prefix caching, top-k logprobs, in-place weight updates.
 
@@ -91,6 +108,10 @@ class VLLMEngine:
             plain kernels. null: true on the CPU backend, where vLLM's LoRA kernels generated about 4x
             fewer tokens/s on SmolLM2-135M (docs/scaling.md), false elsewhere. Either way only
             the adapter travels from the learner.
+        cpu_reserved_cores: on the CPU backend, the cores vLLM keeps from its worker's threads for
+            its scheduler process (``VLLM_CPU_NUM_OF_RESERVED_CPU``); null: vLLM's default, one
+            per worker. 0 gives the worker every core, which on 2 cores lets it compute on both
+            (the scheduler then shares them).
     """
 
     prefers_early_children = False  # on CPU its time follows tokens computed, prefill included
@@ -108,6 +129,7 @@ class VLLMEngine:
         enable_prefix_caching: bool = True,
         lora: LoraSettings | None = None,
         merge_adapter: bool | None = None,
+        cpu_reserved_cores: int | None = None,
         **llm_kwargs,
     ) -> None:
         self.check_options(
@@ -115,6 +137,7 @@ class VLLMEngine:
                 "logprobs_k": logprobs_k,
                 "gpu_memory_utilization": gpu_memory_utilization,
                 "tensor_parallel_size": tensor_parallel_size,
+                "cpu_reserved_cores": cpu_reserved_cores,
             }
         )
         if current_platform.is_cpu() and "enable_chunked_prefill" not in llm_kwargs:
@@ -128,17 +151,19 @@ class VLLMEngine:
             merge_adapter = current_platform.is_cpu()
         if lora is not None and not merge_adapter:
             llm_kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(lora.rank))
-        self.llm = LLM(
-            model=str(model_path),
-            dtype=dtype,
-            max_logprobs=logprobs_k,
-            gpu_memory_utilization=gpu_memory_utilization,
-            tensor_parallel_size=tensor_parallel_size,
-            max_model_len=max_model_len,
-            seed=seed,
-            enable_prefix_caching=enable_prefix_caching,
-            **llm_kwargs,
-        )
+        reserved = {} if cpu_reserved_cores is None else {"VLLM_CPU_NUM_OF_RESERVED_CPU": str(cpu_reserved_cores)}
+        with _environment(reserved):  # read by the engine process that LLM starts
+            self.llm = LLM(
+                model=str(model_path),
+                dtype=dtype,
+                max_logprobs=logprobs_k,
+                gpu_memory_utilization=gpu_memory_utilization,
+                tensor_parallel_size=tensor_parallel_size,
+                max_model_len=max_model_len,
+                seed=seed,
+                enable_prefix_caching=enable_prefix_caching,
+                **llm_kwargs,
+            )
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.logprobs_k = logprobs_k
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
@@ -156,6 +181,8 @@ class VLLMEngine:
         for name in ("logprobs_k", "tensor_parallel_size"):
             if options.get(name, 1) < 1:
                 raise ValueError(f"{name} must be at least 1, got {options[name]}")
+        if (options.get("cpu_reserved_cores") or 0) < 0:
+            raise ValueError(f"cpu_reserved_cores must be at least 0, got {options['cpu_reserved_cores']}")
         if not 0 < options.get("gpu_memory_utilization", 1) <= 1:
             raise ValueError(f"gpu_memory_utilization must lie in (0, 1], got {options['gpu_memory_utilization']}")
 

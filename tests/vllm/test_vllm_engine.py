@@ -10,6 +10,7 @@ dropped tail allows.
 from __future__ import annotations
 
 import math
+import os
 import queue
 import socket
 import threading
@@ -210,3 +211,28 @@ def test_broadcast_into_the_running_engine_matches_the_reload_from_disk(vllm_eng
     assert [g.token_ids for g in received] == [g.token_ids for g in reloaded]
     assert [g.logprobs for g in received] == [g.logprobs for g in reloaded]
     assert [g.token_ids for g in received] != [g.token_ids for g in before]  # the sync changed the policy
+
+
+def test_cpu_reserved_cores_are_in_the_environment_the_engine_process_starts_from(monkeypatch, policy_dir):
+    # vLLM's engine process reads VLLM_CPU_NUM_OF_RESERVED_CPU when LLM() starts it: a stand-in
+    # LLM records what it would read, then fails the start
+    from rllib_arpo.rollout import vllm_engine
+
+    class Started(Exception):
+        pass
+
+    seen = []
+
+    def llm(**_):
+        seen.append(os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU"))
+        raise Started
+
+    monkeypatch.setattr(vllm_engine, "LLM", llm)
+    monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
+    for reserved in (0, None, 3):
+        with pytest.raises(Started):
+            vllm_engine.VLLMEngine(str(policy_dir), cpu_reserved_cores=reserved, max_model_len=256)
+    assert seen == ["0", None, "3"]
+    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ  # put back, also after a failed start
+    with pytest.raises(ValueError, match="cpu_reserved_cores must be at least 0, got -1"):
+        vllm_engine.VLLMEngine(str(policy_dir), cpu_reserved_cores=-1)
