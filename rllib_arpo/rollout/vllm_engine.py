@@ -33,7 +33,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import torch
@@ -41,6 +41,7 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, AutoTokenizer
 from vllm import LLM
 from vllm import SamplingParams as VLLMSamplingParams
+from vllm.config.lora import MaxLoRARanks
 from vllm.inputs import TokensPrompt
 from vllm.lora.request import LoRARequest
 from vllm.platforms import current_platform
@@ -54,8 +55,8 @@ CPU_BATCHED_TOKENS = 4096
 """vLLM's default token budget of one engine step on CPU (``max_num_batched_tokens``)."""
 
 
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-"""The values vLLM 0.32 takes for ``max_lora_rank``."""
+VLLM_LORA_RANKS: tuple[int, ...] = get_args(MaxLoRARanks)
+"""The values vLLM takes for ``max_lora_rank`` (its ``LoRAConfig``'s)."""
 
 
 def vllm_lora_rank(rank: int) -> int:

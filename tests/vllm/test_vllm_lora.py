@@ -70,3 +70,13 @@ def test_an_adapter_sync_samples_as_the_merged_model(lora_engine, hf_engine, pol
             assert lora_engine.llm.llm_engine.vllm_config.lora_config is None
     finally:
         hf_engine.update_weights(base, version=0)
+
+
+def test_the_engine_registry_states_the_largest_rank_vllm_takes():
+    # the registry entry is read at config time without importing vLLM, so it repeats vLLM's value
+    from rllib_arpo.rollout.engine import ENGINES
+    from rllib_arpo.rollout.vllm_engine import VLLM_LORA_RANKS, vllm_lora_rank
+
+    assert ENGINES.get("vllm").max_lora_rank == VLLM_LORA_RANKS[-1] == vllm_lora_rank(VLLM_LORA_RANKS[-1])
+    with pytest.raises(ValueError, match="above vLLM's largest max_lora_rank"):
+        vllm_lora_rank(VLLM_LORA_RANKS[-1] + 1)
