@@ -86,6 +86,7 @@ def main() -> None:
     if args.run:
         result = run_trl(args) if args.run == "trl-grpo" else run_ours(args)
         result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        result["dtype"] = args.dtype  # as this contender's process ran it
         Path(args.out).write_text(json.dumps(result))
         return
 
@@ -99,13 +100,18 @@ def main() -> None:
         Path(args.json).write_text(json.dumps({"settings": vars(args), "results": results}, indent=2))
 
 
+CALLER_ONLY = {"run", "out", "contenders", "json"}
+"""The arguments that the calling process keeps; a contender's process gets every other one."""
+
+
 def run_in_subprocess(name: str, args) -> dict:
     """Run one contender in a fresh process; its output goes to a log file named on failure."""
     with tempfile.TemporaryDirectory() as tmp:
         out, log = Path(tmp) / "result.json", Path(tempfile.gettempdir()) / f"bench_peer_trl.{name}.log"
         argv = [sys.executable, __file__, "--run", name, "--out", str(out)]
-        for key in ("model", "steps", "warmup", "prompts", "rollouts", "max_tokens", "micro_batch", "packing", "lr"):
-            argv += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
+        for key, value in vars(args).items():  # every setting, so none is left at its default
+            if key not in CALLER_ONLY and value is not None:
+                argv += [f"--{key.replace('_', '-')}", str(value)]
         print(f"running {name} (log: {log}) ...", flush=True)
         start = time.perf_counter()
         with open(log, "w") as stream:

@@ -46,12 +46,16 @@ def test_rl_sanity_prints_its_curve_and_a_verdict(tiny_policy_cache, tmp_path):
     )
 
 
-def test_bench_peer_trl_runs_every_contender(tiny_policy_cache):
+def test_bench_peer_trl_runs_every_contender(tiny_policy_cache, tmp_path):
     # LOCAL_RANK as an in-process DeepSpeed learner leaves it: TRL's accelerate must not see it
     out = run_script(
         "bench_peer_trl.py", "--model", "tiny", "--steps", "1", "--warmup", "0", "--prompts", "2", "--rollouts", "2",
-        "--max-tokens", "16", "--micro-batch", "2", cache=tiny_policy_cache, LOCAL_RANK="0",
+        "--max-tokens", "16", "--micro-batch", "2", "--dtype", "bfloat16", "--json", str(tmp_path / "peer.json"),
+        cache=tiny_policy_cache, LOCAL_RANK="0",
     )  # fmt: skip
+    # each contender's own process ran in the dtype asked for (it once ran every one in float32)
+    results = json.loads((tmp_path / "peer.json").read_text())["results"]
+    assert {name: result["dtype"] for name, result in results.items()} == dict.fromkeys(results, "bfloat16")
     table = out[out.rindex("| contender") :]
     labels = [line.split("|")[1].strip() for line in table.splitlines()[2:]]
     assert labels == [
