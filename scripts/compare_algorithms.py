@@ -9,7 +9,10 @@
 Each run is ``rllib train file CONFIG --config '{"seed": S, ...}'`` in a subprocess, timed from
 start to exit, one after the other; its figures are appended to ``--results`` (JSON lines), and
 runs already there are skipped, so an interrupted comparison resumes where it stopped
-(``--table-only`` reports what is there and runs nothing). ``--config`` and ``--stop`` apply to
+(``--table-only`` reports what is there and runs nothing). Each run records its recipe (the
+config file, the SHA-256 of its text, the overrides and stop criteria): a results file kept across
+sessions resumes only with the recipe its runs had, and says which runs differ otherwise.
+``--config`` and ``--stop`` apply to
 every run alike (another model, a shorter run); ``--variant NAME JSON`` adds a config named NAME:
 the first config file with the JSON's fields on top (GRPO or random branching with one recipe).
 A seed fixes the data order, the sampling and the held-out evaluation's sampling of every
@@ -38,6 +41,7 @@ writes ``PREFIX.md`` (the table) and ``PREFIX.png`` (per-seed gains and the cost
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import subprocess
 import sys
@@ -65,6 +69,13 @@ TIMED_RUN = (
     "open(sys.argv[1], 'w').write(str(time.perf_counter() - start)); sys.exit(code)"
 )
 """``python -c TIMED_RUN SECONDS_FILE COMMAND...``: runs COMMAND and writes its wall time in seconds."""
+
+
+def recipe(config_file: str, overrides: dict, stop: dict | None) -> dict:
+    """What a run ran, beyond its seed: the config file, the SHA-256 of its text, the overrides
+    and the stop criteria (None: the file's)."""
+    digest = hashlib.sha256(Path(config_file).read_bytes()).hexdigest()
+    return {"config_file": config_file, "file_sha256": digest, "overrides": overrides, "stop": stop}
 
 
 def run_once(
@@ -102,6 +113,7 @@ def run_once(
     return {
         "config": name,
         "seed": seed,
+        "recipe": recipe(config_file, overrides, stop),
         "accuracy_before": before["accuracy"],
         "accuracy_after": after,
         "gain": 100 * (after - before["accuracy"]),
@@ -242,6 +254,7 @@ def run_missing(args: argparse.Namespace, results: Path, runs: list[dict]) -> No
     storage = Path(args.storage_path or tempfile.mkdtemp(prefix="compare_algorithms_"))
     storage.mkdir(parents=True, exist_ok=True)
     done = {(r["config"], r["seed"]) for r in runs}
+    check_recipes(args, runs)
     for seed in args.seeds:  # seed by seed, so a partial comparison is already paired
         for name, config_file, overrides in configs(args):
             if (name, seed) in done:
@@ -251,6 +264,23 @@ def run_missing(args: argparse.Namespace, results: Path, runs: list[dict]) -> No
             with results.open("a") as file:
                 file.write(json.dumps(run) + "\n")
             print(json.dumps(run), flush=True)
+
+
+def check_recipes(args: argparse.Namespace, runs: list[dict]) -> None:
+    """SystemExit naming the runs in the results file whose recorded recipe differs from the one
+    ``args`` asks for (another file text, other overrides or stop criteria): resuming would
+    compare runs of different recipes as if they were one."""
+    wanted = {name: recipe(config_file, overrides, args.stop) for name, config_file, overrides in configs(args)}
+    differing = [
+        f"{r['config']} seed {r['seed']}"
+        for r in runs
+        if r["config"] in wanted and "recipe" in r and r["recipe"] != wanted[r["config"]]
+    ]
+    if differing:
+        raise SystemExit(
+            f"{len(differing)} runs in the results file ran another recipe than this command's "
+            f"({', '.join(differing[:4])}): give another --results file, or the same files and settings"
+        )
 
 
 def main() -> None:

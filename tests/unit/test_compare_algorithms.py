@@ -46,3 +46,27 @@ def test_after_is_never_the_evaluation_before_training(load_script):
     curve += [(40, {"accuracy": 0.8})]
     assert compare.before_and_last(curve, 2) == ({"accuracy": 0.6}, [{"accuracy": 0.9}, {"accuracy": 0.8}])
     assert compare.before_and_last(curve, 1) == ({"accuracy": 0.6}, [{"accuracy": 0.8}])
+
+
+def test_a_results_file_resumes_only_with_the_recipe_its_runs_had(load_script, tmp_path):
+    """Each run records its recipe; resuming with another file text, other overrides or other stop
+    criteria stops before running anything, naming the runs that differ."""
+    compare = load_script("compare_algorithms")
+    config_file = tmp_path / "recipe.yaml"
+    config_file.write_text("arpo: {run: ARPO, config: {lr: 1.0e-6}}\n")
+    args = argparse.Namespace(
+        config_files=[str(config_file)],
+        config={"model_path": "m"},
+        variant=[["grpo", '{"branching": "none"}']],
+        stop=None,
+    )
+    ran = compare.recipe(str(config_file), {"model_path": "m", "branching": "none"}, None)
+    assert ran["file_sha256"] == "14bab86ee4c28984caa5bf1d896ffed73f43b87243c14c2b703746f9246bc0ac"  # sha256sum's
+    runs = [{"config": "grpo", "seed": 3, "recipe": ran}, {"config": "recipe", "seed": 3}]  # an older row: no recipe
+    compare.check_recipes(args, runs)  # the same recipe: resumes
+    for changed in ({"stop": {"training_iteration": 2}}, {"config": {"model_path": "other"}}):
+        with pytest.raises(SystemExit, match=r"1 runs .* another recipe .*\(grpo seed 3\)"):
+            compare.check_recipes(argparse.Namespace(**{**vars(args), **changed}), runs)
+    config_file.write_text("arpo: {run: ARPO, config: {lr: 2.0e-6}}\n")
+    with pytest.raises(SystemExit, match=r"grpo seed 3"):
+        compare.check_recipes(args, runs)
