@@ -26,6 +26,7 @@ from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.core.settings import check_type, setting
 from rllib_arpo.environments import resolve_environment
 from rllib_arpo.learner.backends import LEARNER_BACKENDS
+from rllib_arpo.learner.memory import MAX_MMAP_THRESHOLD
 from rllib_arpo.learner.packing import PACKING_MODES
 from rllib_arpo.models.lora import LoraSettings
 from rllib_arpo.rollout.engine import ENGINES, check_engine_options
@@ -291,6 +292,13 @@ class LearnerSettings:
         "no [tokens, vocab] float32 tensor is held (SmolLM2-135M: also faster, scripts/bench_memory.py); null: all "
         "at once.",
     )
+    malloc_mmap_threshold: int | None = setting(
+        None,
+        "CPU learners: glibc's malloc gives each allocation of at least this many bytes a mapping of its own, handed "
+        "back to the system when freed (1 to 33554432; e.g. 4194304). glibc's own threshold rises to 32 MiB as the "
+        "update frees blocks, and freed activations of a few MiB then stay resident until the update ends "
+        "(scripts/bench_memory.py). null: glibc's own.",
+    )
     packing: str = setting(
         "tree",
         "How the learner lays out a micro-batch: `padded` (`micro_batch_size` rows, right-padded), `packed` (rows "
@@ -326,6 +334,11 @@ class LearnerSettings:
             raise ValueError(f"zero_stage must be one of {list(ZERO_STAGES)}, got {self.zero_stage!r}")
         if self.logprob_chunk_size is not None:
             _at_least({"logprob_chunk_size": (self.logprob_chunk_size, 1)})
+        if self.malloc_mmap_threshold is not None and not 1 <= self.malloc_mmap_threshold <= MAX_MMAP_THRESHOLD:
+            raise ValueError(
+                f"malloc_mmap_threshold must be 1 to {MAX_MMAP_THRESHOLD} bytes (glibc's largest), "
+                f"got {self.malloc_mmap_threshold!r}"
+            )
         if LoraSettings.from_config(self.lora) is not None and WEIGHT_SYNCS.get(self.weight_sync).receives_in_place:
             raise ValueError(
                 f"lora sends the adapter only, which weight_sync: {self.weight_sync} cannot carry (it streams the full "

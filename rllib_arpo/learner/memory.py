@@ -270,12 +270,30 @@ def release_freed_memory() -> bool:
     freed, stay resident: SmolLM2-135M's learner process kept 7.7 GiB between updates for 3.2 GiB
     of weights, gradients, AdamW states and reference model (``scripts/bench_memory.py``).
     Returns whether memory was released (False where the C library is not glibc)."""
-    trim = _malloc_trim()
+    trim = _libc_function("malloc_trim")
     return bool(trim(0)) if trim is not None else False
 
 
+M_MMAP_THRESHOLD = -3
+"""glibc's ``mallopt`` parameter number of the mmap threshold (``malloc.h``)."""
+MAX_MMAP_THRESHOLD = 32 * 1024 * 1024
+"""The largest threshold glibc takes on a 64-bit system (``HEAP_MAX_SIZE / 2``)."""
+
+
+def serve_large_allocations_by_mmap(threshold_bytes: int) -> bool:
+    """Has glibc's malloc give every allocation of ``threshold_bytes`` or more a mapping of its
+    own (``mallopt(M_MMAP_THRESHOLD)``), which ``free`` hands back to the system at once. glibc
+    otherwise raises its threshold to the largest block freed so far (up to 32 MiB), after which
+    an update's activations of a few MiB each come from the heap, where the freed ones stay
+    resident and fragment it until ``release_freed_memory``: the process's peak then lies far
+    above its live tensors' (``scripts/bench_memory.py``). Setting the threshold also fixes it
+    for the rest of the process. Returns whether it was set (False where the C library is not glibc)."""
+    mallopt = _libc_function("mallopt")
+    return bool(mallopt(M_MMAP_THRESHOLD, threshold_bytes)) if mallopt is not None else False
+
+
 @functools.cache
-def _malloc_trim():
-    """glibc's ``malloc_trim``, or None; looked up once (``find_library`` runs ``ldconfig``)."""
+def _libc_function(name: str):
+    """glibc's function ``name``, or None; looked up once (``find_library`` runs ``ldconfig``)."""
     libc = ctypes.util.find_library("c")
-    return getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
+    return getattr(ctypes.CDLL(libc), name, None) if libc else None

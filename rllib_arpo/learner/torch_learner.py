@@ -62,6 +62,7 @@ from rllib_arpo.learner.memory import (
     is_out_of_memory,
     out_of_memory_advice,
     release_freed_memory,
+    serve_large_allocations_by_mmap,
 )
 from rllib_arpo.learner.packing import micro_batches
 from rllib_arpo.learner.rl_module import engine_state_dict, load_reference_model
@@ -80,6 +81,9 @@ class ARPOTorchLearner(TorchLearner):
         super().build()
         self._first_pass = True
         self._old_logprobs_from_forward = False
+        threshold = self.config.malloc_mmap_threshold
+        if self.device.type == "cpu" and threshold is not None and not serve_large_allocations_by_mmap(threshold):
+            logger.warning("malloc_mmap_threshold: %d not set (the C library is not glibc)", threshold)
         self._reference_models = {}
         if self.config.kl_coef > 0:  # the initial policy, read again (the module may be wrapped or sharded)
             for mid, module in self.module.items():

@@ -60,6 +60,8 @@ def test_the_backend_field_picks_the_learner_class():
         ({"learner_backend": "fsdp"}, r"learner_backend: unknown learner backend 'fsdp'; known: deepspeed, torch"),
         ({"weight_sync": "disk"}, r"weight_sync: unknown weight sync 'disk'; known: broadcast, object_store"),
         ({"logprob_chunk_size": 0}, "logprob_chunk_size must be >= 1"),
+        ({"malloc_mmap_threshold": 0}, r"malloc_mmap_threshold must be 1 to 33554432 bytes .*, got 0"),
+        ({"malloc_mmap_threshold": 2**25 + 1}, r"malloc_mmap_threshold must be 1 to 33554432 bytes .*, got 33554433"),
         ({"deepspeed_config": [1]}, r"deepspeed_config: expected a mapping, got \[1\]"),
         ({"packing": "ragged"}, r"packing: unknown packing mode 'ragged'; known: packed, padded, tree"),
         ({"packing": "tree"}, r"packing: tree needs learner_backend: torch .* use packing: padded"),

@@ -12,6 +12,7 @@ from transformers import AutoConfig
 from rllib_arpo.algorithm import ARPOConfig
 from rllib_arpo.core.losses import LOSS_AGGREGATIONS, LossAggregation
 from rllib_arpo.core.tree import TrajectoryRow
+from rllib_arpo.learner import torch_learner
 from rllib_arpo.learner.forward import sequence_logprobs
 from rllib_arpo.learner.packed_forward import packed_logprobs
 from rllib_arpo.learner.packing import pad_rows
@@ -165,6 +166,16 @@ def test_bf16_state_moves_as_torch_tensors_into_an_engine(model_dir):
     for name, value in engine.model.state_dict().items():
         assert value.dtype == torch.float32
         assert torch.equal(value, weights[name].float()), name  # bf16 -> float32 is exact
+
+
+@pytest.mark.parametrize("threshold", [None, 4 << 20])
+def test_a_cpu_learner_sets_the_mmap_threshold_it_is_given(model_dir, monkeypatch, threshold):
+    """``malloc_mmap_threshold`` reaches glibc at the learner's build, and nothing does without it
+    (the call is recorded, not made: the setting would last for the rest of the test process)."""
+    calls = []
+    monkeypatch.setattr(torch_learner, "serve_large_allocations_by_mmap", lambda value: calls.append(value) or True)
+    build_learner(model_dir, learners={"malloc_mmap_threshold": threshold})
+    assert calls == ([] if threshold is None else [4 << 20])
 
 
 def test_update_changes_weights_and_reports_metrics(model_dir):

@@ -1,6 +1,7 @@
 """learner.memory: the per-GPU learner memory estimate, on a Qwen2.5-7B-shaped model, and the
 release of freed CPU memory."""
 
+import subprocess
 import sys
 
 import pytest
@@ -136,3 +137,32 @@ def test_released_memory_leaves_the_process():
     assert resident_bytes() > before - held / 2  # freed, still resident
     assert release_freed_memory()
     assert resident_bytes() < before - held / 2
+
+
+LARGE_FREES = """
+import sys, torch
+from rllib_arpo.learner.memory import serve_large_allocations_by_mmap
+def resident():
+    return int(next(line for line in open("/proc/self/status") if line.startswith("VmRSS")).split()[1]) * 1024
+if sys.argv[1] == "set":
+    assert serve_large_allocations_by_mmap(1 << 20)
+first = torch.ones(4 << 20)
+del first  # 16 MB, mapped: freed, it raises glibc's threshold to 16 MB (unless the threshold was set)
+before = resident()
+blocks = [(torch.ones(1 << 20), torch.ones(1 << 14)) for _ in range(200)]  # 4 MB, then 64 kB after it
+kept = [small for _, small in blocks]
+del blocks  # the 4 MB tensors are freed, the 64 kB ones between them stay
+print((resident() - before) / (800 << 20))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt; /proc")
+@pytest.mark.parametrize(("threshold", "resident_share"), [("glibc's", (0.9, 1.1)), ("set", (0.0, 0.05))])
+def test_large_frees_leave_the_process_once_the_mmap_threshold_is_set(threshold, resident_share):
+    """200 freed 4 MB tensors, each under a 64 kB one that stays: glibc's own threshold (raised
+    to 16 MB by the free before) serves them from the heap, where they stay resident (all 800 MB);
+    with the threshold set to 1 MB each is a mapping of its own, gone at its free (what stays is
+    the 64 kB tensors, 1.6% of 800 MB). Each case in a fresh process: the setting is process-wide."""
+    done = subprocess.run([sys.executable, "-c", LARGE_FREES, threshold], capture_output=True, text=True, check=True)
+    low, high = resident_share
+    assert low < float(done.stdout) < high
