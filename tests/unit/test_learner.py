@@ -168,14 +168,17 @@ def test_bf16_state_moves_as_torch_tensors_into_an_engine(model_dir):
         assert torch.equal(value, weights[name].float()), name  # bf16 -> float32 is exact
 
 
-@pytest.mark.parametrize("threshold", [None, 4 << 20])
-def test_a_cpu_learner_sets_the_mmap_threshold_it_is_given(model_dir, monkeypatch, threshold):
-    """``malloc_mmap_threshold`` reaches glibc at the learner's build, and nothing does without it
-    (the call is recorded, not made: the setting would last for the rest of the test process)."""
+@pytest.mark.parametrize(
+    ("learners", "thresholds_set"),
+    [({}, [4 << 20]), ({"malloc_mmap_threshold": 1 << 20}, [1 << 20]), ({"malloc_mmap_threshold": None}, [])],
+)
+def test_a_cpu_learner_sets_the_mmap_threshold_it_is_given(model_dir, monkeypatch, learners, thresholds_set):
+    """``malloc_mmap_threshold`` (4 MiB by default) reaches glibc at the learner's build, and
+    nothing does with null (the call is recorded, not made)."""
     calls = []
     monkeypatch.setattr(torch_learner, "serve_large_allocations_by_mmap", lambda value: calls.append(value) or True)
-    build_learner(model_dir, learners={"malloc_mmap_threshold": threshold})
-    assert calls == ([] if threshold is None else [4 << 20])
+    build_learner(model_dir, learners=learners)
+    assert calls == thresholds_set
 
 
 def test_update_changes_weights_and_reports_metrics(model_dir):
