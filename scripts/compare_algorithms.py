@@ -8,7 +8,8 @@
 
 Each run is ``rllib train file CONFIG --config '{"seed": S, ...}'`` in a subprocess, timed from
 start to exit, one after the other; its figures are appended to ``--results`` (JSON lines), and
-runs already there are skipped, so an interrupted comparison resumes where it stopped
+runs already there are skipped, so an interrupted comparison resumes where it stopped (the run
+cut off starts again from its beginning)
 (``--table-only`` reports what is there and runs nothing). Each run records its recipe (the
 config file, the SHA-256 of its text, the overrides and stop criteria): a results file kept across
 sessions resumes only with the recipe its runs had, and says which runs differ otherwise.
@@ -43,6 +44,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -78,6 +80,17 @@ def recipe(config_file: str, overrides: dict, stop: dict | None) -> dict:
     return {"config_file": config_file, "file_sha256": digest, "overrides": overrides, "stop": stop}
 
 
+def fresh_run_storage(storage: Path, name: str, seed: int) -> Path:
+    """The folder the run ``name`` with ``seed`` writes its trial to, emptied: a run not in the
+    results file starts from the beginning, and an interrupted try's trial there would be a
+    second result.json beside the new one's."""
+    run_storage = storage / f"{name}_seed{seed}"
+    if run_storage.exists():
+        print(f"{run_storage}: removing an interrupted try's output; the run starts again", flush=True)
+        shutil.rmtree(run_storage)
+    return run_storage
+
+
 def run_once(
     name: str,
     config_file: str,
@@ -90,7 +103,7 @@ def run_once(
 ) -> dict:
     """The figures of the run ``name`` of ``config_file`` with ``seed``, under ``flock lock`` if given
     (the wall time is taken inside the lock: waiting for it does not count)."""
-    run_storage = storage / f"{name}_seed{seed}"
+    run_storage = fresh_run_storage(storage, name, seed)
     timing = storage / f"{name}_seed{seed}.seconds"
     command = [sys.executable, "-m", "rllib_arpo.cli", "train", "file", config_file]
     command += ["--config", json.dumps({**overrides, "seed": seed}), "--storage-path", str(run_storage)]

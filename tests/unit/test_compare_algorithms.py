@@ -70,3 +70,20 @@ def test_a_results_file_resumes_only_with_the_recipe_its_runs_had(load_script, t
     config_file.write_text("arpo: {run: ARPO, config: {lr: 2.0e-6}}\n")
     with pytest.raises(SystemExit, match=r"grpo seed 3"):
         compare.check_recipes(args, runs)
+
+
+def test_a_run_cut_off_midway_starts_again_in_an_empty_folder(load_script, tmp_path):
+    """A comparison killed during a run leaves that run's trial behind, and no line in the results
+    file: resumed, the run starts again, and its folder holds the new trial's result.json only."""
+    compare = load_script("compare_algorithms")
+    interrupted = tmp_path / "grpo_seed4" / "arpo-smollm2" / "ARPO_old_trial"
+    interrupted.mkdir(parents=True)
+    (interrupted / "result.json").write_text('{"training_iteration": 3}\n')
+    finished = tmp_path / "grpo_seed3" / "arpo-smollm2" / "ARPO_trial"
+    finished.mkdir(parents=True)
+    (finished / "result.json").write_text("{}\n")
+
+    assert compare.fresh_run_storage(tmp_path, "grpo", 4) == tmp_path / "grpo_seed4"
+    assert not (tmp_path / "grpo_seed4").exists()
+    assert (finished / "result.json").exists()  # another run's folder is left alone
+    assert compare.fresh_run_storage(tmp_path, "grpo", 5) == tmp_path / "grpo_seed5"  # nothing there: fine
