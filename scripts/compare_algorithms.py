@@ -8,11 +8,11 @@
 
 Each run is ``rllib train file CONFIG --config '{"seed": S, ...}'`` in a subprocess, timed from
 start to exit, one after the other; its figures are appended to ``--results`` (JSON lines), and
-runs already there are skipped, so an interrupted comparison resumes where it stopped (the run
-cut off starts again from its beginning)
-(``--table-only`` reports what is there and runs nothing). Each run records its recipe (the
-config file, the SHA-256 of its text, the overrides and stop criteria): a results file kept across
-sessions resumes only with the recipe its runs had, and says which runs differ otherwise.
+runs already there are skipped, so an interrupted comparison resumes where it stopped, the run
+cut off starting again from its beginning (``--table-only`` reports what is there and runs
+nothing). Each run records its recipe (the config file, the SHA-256 of its text, the overrides
+and stop criteria): a results file kept across sessions resumes only with the recipe its runs
+had, and says which runs differ otherwise.
 ``--config`` and ``--stop`` apply to
 every run alike (another model, a shorter run); ``--variant NAME JSON`` adds a config named NAME:
 the first config file with the JSON's fields on top (GRPO or random branching with one recipe).
