@@ -29,6 +29,7 @@ from rllib_arpo.learner.backends import LEARNER_BACKENDS
 from rllib_arpo.learner.memory import MAX_MMAP_THRESHOLD
 from rllib_arpo.learner.packing import PACKING_MODES
 from rllib_arpo.models.lora import LoraSettings
+from rllib_arpo.models.optimizers import OPTIMIZER_STATES
 from rllib_arpo.rollout.engine import ENGINES, check_engine_options
 from rllib_arpo.rollout.settings import RolloutSettings
 from rllib_arpo.weights import WEIGHT_SYNCS
@@ -275,6 +276,13 @@ class LearnerSettings:
         "(autocast; DeepSpeed: its bf16/fp16 optimizer); the engines get `dtype` copies. false: AdamW on the "
         "low-precision weights themselves (at lr 1e-6 most bf16 weights then never change).",
     )
+    optimizer_states: str = setting(
+        "full",
+        "How AdamW holds its moments m and v: `full`, torch's AdamW, in the trained weights' dtype (float32 with "
+        "`master_weights`: 8 bytes a trained parameter); `8bit`, bitsandbytes' AdamW8bit, the same update with m and "
+        "v stored in 8 bits a value and a float32 scale per 256 (2.03 bytes a parameter; SmolLM2-135M: 0.25 instead "
+        "of 1.0 GiB), the weights and gradients as before (`pip install -e .[bitsandbytes]`; learner_backend torch).",
+    )
     gradient_checkpointing: bool = setting(
         False, "Recompute each layer's activations in the backward pass: less memory, about a third more compute."
     )
@@ -330,6 +338,13 @@ class LearnerSettings:
             )
         _at_least({"micro_batch_tokens": (self.micro_batch_tokens, 1)})
         _registered("weight_sync", WEIGHT_SYNCS, self.weight_sync)
+        states = _registered("optimizer_states", OPTIMIZER_STATES, self.optimizer_states)
+        if backend.partitions_by_zero_stage and not states.with_zero:
+            raise ValueError(
+                f"optimizer_states: {self.optimizer_states} is not supported with learner_backend: "
+                f"{self.learner_backend} (ZeRO partitions the optimizer's states itself); use optimizer_states: full, "
+                "or learner_backend: torch"
+            )
         if self.zero_stage not in ZERO_STAGES:
             raise ValueError(f"zero_stage must be one of {list(ZERO_STAGES)}, got {self.zero_stage!r}")
         if self.logprob_chunk_size is not None:

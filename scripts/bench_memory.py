@@ -3,7 +3,7 @@ learner, per phase of the iteration, and the engine's processes beside it.
 
     python scripts/bench_memory.py tuned_examples/arpo_smollm2.yaml --config '{"model_path": "smollm2_cold_start"}'
     python scripts/bench_memory.py tuned_examples/arpo_tiny.yaml --iterations 1      # the smallest size (CI)
-    python scripts/bench_memory.py --cold-start smollm2-135m [--memory full] [--steps 2]
+    python scripts/bench_memory.py --cold-start smollm2-135m [--memory full] [--steps 2] [--optimizer-states 8bit]
 
 Runs the experiment's config in this process (local EnvRunner, local learner: the layout of the
 SmolLM2 recipe, whose ``ray::ARPO.train`` process holds both), with ``--config`` overrides and no
@@ -19,7 +19,8 @@ generation and tool seconds (the EnvRunner's metrics) in the title, are the iter
 
 ``--cold-start MODEL`` measures ``rllib cold-start MODEL`` instead (``cold_start.sft.cold_start``,
 ``--steps`` steps of batch 8 on the embedded task's demonstrations, no reference set), its
-batches laid out as it lays them out (``--memory low``: ``sft.LOW_MEMORY``) or whole (``full``).
+batches laid out as it lays them out (``--memory low``: ``sft.LOW_MEMORY``) or whole (``full``), AdamW's
+moments in float32 or 8 bits (``--optimizer-states``; for training, the config's ``optimizer_states``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from pathlib import Path
 
 import psutil
 import yaml
+
+from rllib_arpo.models.optimizers import OPTIMIZER_STATES
 
 GIB = 1024**3
 
@@ -114,10 +117,10 @@ COLD_START_PHASES = (
     ("sft", "demonstration_sequences", "demonstrations"),
     ("sft", "sft_loss", "forward + loss"),
     ("Tensor", "backward", "backward"),
-    ("AdamW", "step", "optimizer step"),
     ("PreTrainedModel", "save_pretrained", "save"),
 )
-"""The phases of ``--cold-start``: (owner, method, phase name)."""
+"""The phases of ``--cold-start``: (owner, method, phase name); and the optimizer step, whatever its
+class, between torch's global optimizer step hooks."""
 
 PHASES = (
     ("algorithm", "training_step", "iteration"),
@@ -134,11 +137,12 @@ PHASES = (
 """(object, method, phase name) of every phase the table lists."""
 
 
-def measure_cold_start(model: str, steps: int, memory: str, peaks: PhasePeaks) -> str:
+def measure_cold_start(model: str, steps: int, memory: str, optimizer_states: str, peaks: PhasePeaks) -> str:
     """Runs the cold start of ``model`` with its phases measured; returns the table's title."""
     import tempfile
 
     import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
     from transformers import AutoModelForCausalLM, PreTrainedModel
 
     from rllib_arpo.cold_start import sft
@@ -149,17 +153,29 @@ def measure_cold_start(model: str, steps: int, memory: str, peaks: PhasePeaks) -
         "AutoModelForCausalLM": AutoModelForCausalLM,
         "sft": sft,
         "Tensor": torch.Tensor,
-        "AdamW": torch.optim.AdamW,
         "PreTrainedModel": PreTrainedModel,
     }
     for owner, method, name in COLD_START_PHASES:
         peaks.wrap(owners[owner], method, name)
+    register_optimizer_step_pre_hook(lambda *_: peaks.enter("optimizer step"))
+    register_optimizer_step_post_hook(lambda *_: peaks.leave())
     layout = sft.LOW_MEMORY if memory == "low" else sft.MemoryLayout()
     with tempfile.TemporaryDirectory() as output:
         peaks.enter("cold start")
-        sft.cold_start(path, output, steps=steps, batch_size=8, lr=5e-5, memory=layout, progress=False)
+        sft.cold_start(
+            path,
+            output,
+            steps=steps,
+            batch_size=8,
+            lr=5e-5,
+            memory=layout,
+            optimizer_states=optimizer_states,
+            progress=False,
+        )
         peaks.leave()
-    return f"rllib cold-start {model}: {steps} steps of 8, memory {memory} ({layout})"
+    return (
+        f"rllib cold-start {model}: {steps} steps of 8, memory {memory} ({layout}), optimizer states {optimizer_states}"
+    )
 
 
 def measure_training(args: argparse.Namespace, peaks: PhasePeaks) -> tuple[str, list[tuple[str, int]]]:
@@ -206,6 +222,9 @@ def main() -> None:
     parser.add_argument("--cold-start", metavar="MODEL", help="measure the cold start of MODEL instead")
     parser.add_argument("--steps", type=int, default=2, help="--cold-start: SFT steps")
     parser.add_argument("--memory", choices=("low", "full"), default="low", help="--cold-start: batch layout")
+    parser.add_argument(
+        "--optimizer-states", choices=OPTIMIZER_STATES.names(), default="full", help="--cold-start: AdamW's moments"
+    )
     parser.add_argument("--config", type=json.loads, default={}, help="JSON config overrides")
     parser.add_argument("--iterations", type=int, default=2)
     parser.add_argument("--held-out", action="store_true", help="keep the config's held-out evaluation")
@@ -216,7 +235,7 @@ def main() -> None:
     peaks = PhasePeaks()
     engine_processes = []
     if args.cold_start:
-        title = measure_cold_start(args.cold_start, args.steps, args.memory, peaks)
+        title = measure_cold_start(args.cold_start, args.steps, args.memory, args.optimizer_states, peaks)
     else:
         title, engine_processes = measure_training(args, peaks)
     print(f"{title}; this process:")

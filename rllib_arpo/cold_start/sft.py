@@ -56,6 +56,7 @@ from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.data.loaders.tir_task import tir_task_example
 from rllib_arpo.data.prompts import encode_prompt
 from rllib_arpo.data.tir_task import DEMONSTRATION_QUALITIES, TaskVariant, TIRTask, demonstration
+from rllib_arpo.models.optimizers import build_optimizer
 from rllib_arpo.tools.base import RESULT_CLOSE, RESULT_OPEN, encode_tool_result
 from rllib_arpo.tools.search import SearchTool
 
@@ -312,6 +313,7 @@ def warm_start(
     num_threads: int | None = None,
     progress: bool = True,
     memory: MemoryLayout = MemoryLayout(),
+    optimizer_states: str = "full",
 ) -> list[float]:
     """Fine-tune ``model`` in place: ``copy_drill_steps`` steps on copy drills
     (``copy_drill_sequences``), then ``steps`` steps on demonstrations, every sequence seen once;
@@ -321,14 +323,15 @@ def warm_start(
     ``steps * batch_size`` sequences, in random order; tool results are cut to
     ``max_tool_result_tokens`` tokens.
 
-    Each phase is a plain AdamW run (weight decay 0.01) on a new batch of ``batch_size`` sequences
-    a step, right-padded: the drill at a constant learning rate ``lr``, the demonstrations with
-    ``lr`` warmed up linearly over their first 10% of steps and decayed linearly to 0 after. To pad
-    little, each run of ``LENGTH_POOL_BATCHES`` demonstration batches is cut from its sequences
-    sorted by length and then shuffled. ``seed`` fixes the drills and demonstrations, so the same
-    seed gives the same weights (the model has no dropout). Torch uses ``num_threads`` threads
-    (default ``os.cpu_count()``) during training and the previous setting after it. ``memory``
-    lays each batch out (``MemoryLayout``). The model is left in eval mode.
+    Each phase is a plain AdamW run (weight decay 0.01; ``optimizer_states``, a name of
+    ``models.optimizers.OPTIMIZER_STATES``, holds its moments in float32 or 8 bits) on a new batch of
+    ``batch_size`` sequences a step, right-padded: the drill at a constant learning rate ``lr``, the
+    demonstrations with ``lr`` warmed up linearly over their first 10% of steps and decayed linearly
+    to 0 after. To pad little, each run of ``LENGTH_POOL_BATCHES`` demonstration batches is cut from
+    its sequences sorted by length and then shuffled. ``seed`` fixes the drills and demonstrations,
+    so the same seed gives the same weights (the model has no dropout). Torch uses ``num_threads``
+    threads (default ``os.cpu_count()``) during training and the previous setting after it.
+    ``memory`` lays each batch out (``MemoryLayout``). The model is left in eval mode.
     """
     if len(demonstrations) > steps * batch_size:
         raise ValueError(f"{len(demonstrations)} demonstrations do not fit in {steps} steps of {batch_size}")
@@ -360,6 +363,7 @@ def warm_start(
                 name=name,
                 progress=progress,
                 memory=memory,
+                optimizer_states=optimizer_states,
             )
     return losses
 
@@ -427,16 +431,18 @@ def train_phase(
     name: str,
     progress: bool,
     memory: MemoryLayout = MemoryLayout(),
+    optimizer_states: str = "full",
 ) -> list[float]:
-    """One AdamW run (weight decay 0.01, a fresh optimiser) of a step per batch at learning rate
-    ``lr * lr_scale(step)``, each batch right-padded with ``pad_token_id`` and laid out by
-    ``memory``; the loss of every step. ``name`` labels the progress bar."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_scale)
+    """One AdamW run (weight decay 0.01, a fresh optimiser, its moments held as ``optimizer_states``
+    of ``models.optimizers.OPTIMIZER_STATES`` says) of a step per batch at learning rate ``lr * lr_scale(step)``,
+    each batch right-padded with ``pad_token_id`` and laid out by ``memory``; the loss of every
+    step. ``name`` labels the progress bar."""
+    adamw = build_optimizer(optimizer_states, model.parameters(), lr=lr, weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.LambdaLR(adamw, lr_scale)
     losses: list[float] = []
     bar = tqdm(batches, desc=name, disable=not progress or not batches)
     for batch in bar:
-        optimizer.zero_grad()
+        adamw.zero_grad()
         rows = memory.micro_batch_rows or len(batch)
         trained = sum(sum(sequence.loss_mask[1:]) for sequence in batch)
         loss = torch.zeros(())
@@ -446,7 +452,7 @@ def train_phase(
             micro_loss = sft_loss(model, pad_batch(micro, pad_token_id), memory.chunk_size) * share
             micro_loss.backward()
             loss += micro_loss.detach()
-        optimizer.step()
+        adamw.step()
         schedule.step()
         losses.append(loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
@@ -471,12 +477,13 @@ def cold_start(
     seed: int = 0,
     progress: bool = True,
     memory: MemoryLayout = LOW_MEMORY,
+    optimizer_states: str = "full",
 ) -> list[float]:
     """The cold start of a real chat model: ``warm_start`` (no copy drill) of the
     ``save_pretrained`` model at ``model_path`` on ``demonstrations`` plus fresh embedded-task
-    ones of the task ``variant``, in float32, each batch laid out by ``memory``, saved with its
-    tokenizer into ``output_dir`` (a ``model_path`` for training and evaluation). Returns the loss
-    of every step."""
+    ones of the task ``variant``, in float32, each batch laid out by ``memory``, the AdamW moments
+    held as ``optimizer_states`` says (``8bit``: 8 bits), saved with its tokenizer into ``output_dir``
+    (a ``model_path`` for training and evaluation). Returns the loss of every step."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -494,6 +501,7 @@ def cold_start(
         seed=seed,
         progress=progress,
         memory=memory,
+        optimizer_states=optimizer_states,
     )
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)

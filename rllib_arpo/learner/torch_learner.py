@@ -67,6 +67,7 @@ from rllib_arpo.learner.memory import (
 from rllib_arpo.learner.packing import micro_batches
 from rllib_arpo.learner.rl_module import engine_state_dict, load_reference_model
 from rllib_arpo.learner.rllib_compat import parameter_gradients, update_batch, update_result, zero_gradients
+from rllib_arpo.models.optimizers import build_optimizer
 from rllib_arpo.weights.broadcast import WeightBroadcastGroup, WeightLayout, free_address
 from rllib_arpo.weights.object_store import tensor_bytes
 
@@ -91,9 +92,10 @@ class ARPOTorchLearner(TorchLearner):
                     self._reference_models[mid] = load_reference_model(module.unwrapped().model_config, self.device)
 
     def configure_optimizers_for_module(self, module_id, config=None) -> None:
-        """AdamW over the trained parameters (with LoRA: the adapter's; DDP then all-reduces those only)."""
+        """AdamW (its moments held as ``optimizer_states`` says) over the trained parameters (with
+        LoRA: the adapter's; DDP then all-reduces those only); RLlib sets its learning rate."""
         params = [p for p in self.get_parameters(self.module[module_id]) if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, weight_decay=config.weight_decay)
+        optimizer = build_optimizer(config.optimizer_states, params, lr=0.0, weight_decay=config.weight_decay)
         self.register_optimizer(module_id=module_id, optimizer=optimizer, params=params, lr_or_lr_schedule=config.lr)
 
     def policy_weights(self, module_id, *, as_object_ref: bool = False, on_device: bool = False):

@@ -136,9 +136,11 @@ def test_bench_dtype_compares_float32_and_bfloat16(tiny_policy_cache, tmp_path):
 
 
 def test_bench_memory_tabulates_the_phases_of_an_iteration_and_of_the_cold_start(tiny_policy_cache, tmp_path):
+    """Both with AdamW's moments in 8 bits: the learner's and the cold start's optimizer step with bitsandbytes."""
     run_script(
         "bench_memory.py", "tuned_examples/arpo_tiny.yaml", "--iterations", "1",
-        "--config", '{"prompts_per_env_runner": 2}', "--json", str(tmp_path / "iteration.json"),
+        "--config", '{"prompts_per_env_runner": 2, "optimizer_states": "8bit"}',
+        "--json", str(tmp_path / "iteration.json"),
         cache=tiny_policy_cache,
     )  # fmt: skip
     phases = json.loads((tmp_path / "iteration.json").read_text())["phases"]
@@ -147,7 +149,8 @@ def test_bench_memory_tabulates_the_phases_of_an_iteration_and_of_the_cold_start
     assert inner["calls"] >= 1 and inner["peak"] <= phases["iteration > learner update"]["peak"]
     assert phases["iteration"]["peak"] >= max(p["peak"] for name, p in phases.items() if name.startswith("iteration"))
     run_script(
-        "bench_memory.py", "--cold-start", "tiny", "--steps", "1", "--json", str(tmp_path / "cold.json"),
+        "bench_memory.py", "--cold-start", "tiny", "--steps", "1", "--optimizer-states", "8bit",
+        "--json", str(tmp_path / "cold.json"),
         cache=tiny_policy_cache,
     )  # fmt: skip
     phases = json.loads((tmp_path / "cold.json").read_text())["phases"]

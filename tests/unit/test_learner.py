@@ -342,7 +342,8 @@ def test_out_of_memory_names_the_settings_to_change(model_dir, monkeypatch):
     message = str(caught.value)
     assert "out of memory on a micro-batch of 4 rows x 11 tokens" in message  # ROWS' longest: 3 + 8
     for knob in ("micro_batch_size: 4 -> 2", "logprob_chunk_size: null -> 1024",
-                 "gradient_checkpointing: false -> true", "dtype: float32 -> bfloat16", "lora: null -> {rank: 16}",
+                 "gradient_checkpointing: false -> true", "dtype: float32 -> bfloat16",
+                 "optimizer_states: full -> 8bit", "lora: null -> {rank: 16}",
                  "learner_backend: deepspeed", "max_response_tokens: 512"):  # fmt: skip
         assert knob in message, knob
     assert "GiB per GPU" in message  # the estimate of the current layout
@@ -566,3 +567,21 @@ def test_tis_weights_the_engine_tokens_by_the_learner_over_engine_ratio(model_di
     # the metric's float32 mean of n weights in [0, 1]: |error| <= n * 2^-24 relative
     assert metrics["tis_weight_mean"].peek() == pytest.approx(float(weights.double().mean()), rel=len(weights) * 2**-24)
     assert metrics["tis_truncated_fraction"].peek() == pytest.approx(float((weights >= 1.0).double().mean()))
+
+
+def test_with_8bit_moments_the_first_update_is_adamws(model_dir):
+    """``optimizer_states: 8bit``: the learner steps with bitsandbytes' AdamW8bit, and its first update
+    (zero states) moves every weight as float32 AdamW's does, the same float32 operations on the same
+    gradients: equal to 8 float32 ulps of lr plus 2 of the weight (models.optimizers)."""
+    weights = {}
+    for states in ("full", "8bit"):
+        learner = build_learner(model_dir, learners={"optimizer_states": states})
+        update(learner, training_batch(learner))
+        weights[states] = {name: p.detach().clone() for name, p in module_of(learner).named_parameters()}
+        [optimizer] = learner._optimizer_parameters
+        assert type(optimizer).__name__ == {"full": "AdamW", "8bit": "AdamW8bit"}[states]
+    ulp = 2.0**-23
+    for name, exact in weights["full"].items():
+        torch.testing.assert_close(weights["8bit"][name], exact, rtol=2 * ulp, atol=8 * ulp * LR, msg=name)
+    initial = {name: p.detach() for name, p in module_of(build_learner(model_dir)).named_parameters()}
+    assert changed_fraction(initial, weights["8bit"]) > 0.5
