@@ -34,17 +34,52 @@ def next_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperatu
     return logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
+def _tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """A new tensor z / T in float32 (float64 for float64 logits)."""
+    scaled = logits.to(torch.promote_types(logits.dtype, torch.float32), copy=True)
+    return scaled.div_(temperature) if temperature != 1.0 else scaled
+
+
+class TemperedTokenLogprobs(torch.autograd.Function):
+    """log pi(x_t) = z_t[x_t] / T - logsumexp(z_t / T) of logits z ``[N, V]`` (any float dtype)
+    and targets x ``[N]``, in float32, with the backward pass written out:
+
+        d log pi(x_t) / d z_{t,j} = ([j = x_t] - p_{t,j}) / T,    p_t = softmax(z_t / T)
+
+    Autograd through the same formula keeps the float32 z / T for the backward pass and builds
+    the gradient from several [N, V] float32 temporaries (the softmax, the scattered one-hot, their
+    sum, the division by T). Here only z itself (in its own dtype, bfloat16 under autocast) and
+    logsumexp are kept, and the gradient is built in place in one float32 [N, V] buffer.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+        scaled = _tempered(logits, temperature)
+        logsumexp = torch.logsumexp(scaled, dim=-1)
+        ctx.save_for_backward(logits, targets, logsumexp)
+        ctx.temperature = temperature
+        return scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logsumexp
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        logits, targets, logsumexp = ctx.saved_tensors
+        gradient = _tempered(logits, ctx.temperature).sub_(logsumexp.unsqueeze(-1)).exp_()  # p
+        gradient.mul_(-grad.to(gradient.dtype).unsqueeze(-1))
+        gradient.scatter_add_(-1, targets.unsqueeze(-1), grad.to(gradient.dtype).unsqueeze(-1))
+        if ctx.temperature != 1.0:
+            gradient.div_(ctx.temperature)
+        return gradient.to(logits.dtype), None, None
+
+
 def _chunk_logprobs(
     hidden: torch.Tensor, targets: torch.Tensor, lm_head: torch.nn.Module, with_entropy: bool, temperature: float
 ):
-    logits = lm_head(hidden).float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    logits = lm_head(hidden)
+    logprobs = TemperedTokenLogprobs.apply(logits, targets, temperature)
     if not with_entropy:
         return logprobs, None
     with torch.no_grad():
-        return logprobs, entropy_from_logits(logits)
+        return logprobs, entropy_from_logits(_tempered(logits, temperature))
 
 
 def chunked_token_logprobs(

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rllib_arpo.core.entropy import entropy_from_logits
-from rllib_arpo.core.logprobs import chunked_token_logprobs
+from rllib_arpo.core.logprobs import TemperedTokenLogprobs, chunked_token_logprobs
 
 TOKENS, HIDDEN, VOCAB, CHUNK = 50, 16, 300, 8
 
@@ -69,6 +69,35 @@ def test_no_full_vocabulary_tensor_is_made_or_kept_for_backward(chunk_size):
         # chunks of 8 rows: 7 of them forward, again in the backward pass
         assert sorted(set(head_outputs)) == [(2, VOCAB), (CHUNK, VOCAB)] and len(head_outputs) == 2 * 7
         assert largest_logits == CHUNK * VOCAB and max(saved) < TOKENS * VOCAB
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_written_out_backward_is_the_gradient_of_the_log_prob(temperature):
+    """torch.autograd.gradcheck in float64: the backward pass against finite differences of the forward."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 11, generator=generator, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 11, (6,), generator=generator)
+    assert torch.autograd.gradcheck(lambda z: TemperedTokenLogprobs.apply(z, targets, temperature), (logits,))
+
+
+def test_only_the_logits_in_their_own_dtype_are_kept_for_backward():
+    """Under bfloat16 the [tokens, vocab] tensor saved for the backward pass is the bfloat16 logits,
+    not a float32 copy of them (nor the softmax); the gradient reaching them is bfloat16."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(TOKENS, VOCAB, generator=generator).to(torch.bfloat16).requires_grad_()
+    targets = torch.randint(0, VOCAB, (TOKENS,), generator=generator)
+    saved = []
+
+    def pack(tensor):
+        saved.append((tuple(tensor.shape), tensor.dtype))
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        logprobs = TemperedTokenLogprobs.apply(logits, targets, 0.7)
+    assert logprobs.dtype == torch.float32
+    assert [dtype for shape, dtype in saved if shape == (TOKENS, VOCAB)] == [torch.bfloat16]
+    logprobs.sum().backward()
+    assert logits.grad.dtype == torch.bfloat16
 
 
 def test_shapes_are_checked():
