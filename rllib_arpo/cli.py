@@ -261,7 +261,10 @@ def cold_start(args: argparse.Namespace) -> int:
     """``rllib cold-start``: reference-set demonstrations (if asked for), then the SFT."""
     from rllib_arpo.cold_start.sft import cold_start as run_cold_start
     from rllib_arpo.models.catalogue import resolve_model_path
+    from rllib_arpo.models.optimizers import missing_package
 
+    if (missing := missing_package(args.optimizer_states)) is not None:
+        raise ConfigError(missing)
     try:
         model_path = resolve_model_path(args.model)
     except ValueError as error:

@@ -29,7 +29,7 @@ from rllib_arpo.learner.backends import LEARNER_BACKENDS
 from rllib_arpo.learner.memory import MAX_MMAP_THRESHOLD
 from rllib_arpo.learner.packing import PACKING_MODES
 from rllib_arpo.models.lora import LoraSettings
-from rllib_arpo.models.optimizers import OPTIMIZER_STATES
+from rllib_arpo.models.optimizers import OPTIMIZER_STATES, missing_package
 from rllib_arpo.rollout.engine import ENGINES, check_engine_options
 from rllib_arpo.rollout.settings import RolloutSettings
 from rllib_arpo.weights import WEIGHT_SYNCS
@@ -345,6 +345,8 @@ class LearnerSettings:
                 f"{self.learner_backend} (ZeRO partitions the optimizer's states itself); use optimizer_states: full, "
                 "or learner_backend: torch"
             )
+        if (missing := missing_package(self.optimizer_states)) is not None:
+            raise ValueError(missing)
         if self.zero_stage not in ZERO_STAGES:
             raise ValueError(f"zero_stage must be one of {list(ZERO_STAGES)}, got {self.zero_stage!r}")
         if self.logprob_chunk_size is not None:

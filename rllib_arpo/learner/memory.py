@@ -45,7 +45,7 @@ from rllib_arpo.learner.backends import LEARNER_BACKENDS
 from rllib_arpo.learner.packing import PACKING_MODES, PER_TOKEN_KEYS
 from rllib_arpo.models.catalogue import empty_model
 from rllib_arpo.models.lora import LoraSettings, adapter_parameter_count
-from rllib_arpo.models.optimizers import OPTIMIZER_STATES
+from rllib_arpo.models.optimizers import OPTIMIZER_STATES, leaner_states
 
 GIB = 1024**3
 ACTIVATION_BYTES_PER_TOKEN_HIDDEN_LAYER = 34  # at 2 bytes per value; Korthikanti et al. 2022
@@ -242,12 +242,17 @@ def out_of_memory_advice(config: Any, rows: int, length: int) -> str:
         knobs.append("gradient_checkpointing: false -> true (recompute activations in the backward pass)")
     if config.dtype == "float32":
         knobs.append("dtype: float32 -> bfloat16 (with master_weights: true it still learns at small lr)")
-    if config.optimizer_states == "full" and not LEARNER_BACKENDS.get(config.learner_backend).partitions_by_zero_stage:
-        knobs.append("optimizer_states: full -> 8bit (AdamW's moments in 8 bits: 2 bytes a parameter instead of 8)")
+    zero = LEARNER_BACKENDS.get(config.learner_backend).partitions_by_zero_stage
+    for states in leaner_states(config.optimizer_states, zero=zero)[:1]:
+        leaner, now = (OPTIMIZER_STATES.get(name).bytes_per_parameter() for name in (states, config.optimizer_states))
+        knobs.append(
+            f"optimizer_states: {config.optimizer_states} -> {states} (AdamW's moments: {leaner:.3g} bytes a parameter "
+            f"instead of {now:.3g})"
+        )
     if config.lora is None:
         knobs.append("lora: null -> {rank: 16} (train an adapter: gradients and AdamW states of the adapter only, the "
                      "frozen weights in dtype, no second copy for the KL reference)")  # fmt: skip
-    if not LEARNER_BACKENDS.get(config.learner_backend).partitions_by_zero_stage:
+    if not zero:
         knobs.append("learner_backend: deepspeed with zero_stage: 2 or 3 and num_learners >= 2 (partitions optimizer "
                      "states, gradients, weights)")  # fmt: skip
     else:

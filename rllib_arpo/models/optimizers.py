@@ -18,6 +18,7 @@ AdamW's to float rounding (the states start at zero). It needs ``pip install -e 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -45,11 +46,18 @@ class OptimizerStates:
             values of ``param_bytes`` bytes each.
         with_zero: DeepSpeed's ZeRO can take the optimizer as its client optimizer and partition
             its states.
+        package: the package it needs beyond torch (also the name of the project's extra), or None.
     """
 
     build: Callable[[Iterable[torch.nn.Parameter], float, float], torch.optim.Optimizer]
     state_bytes: Callable[[int, int], int]
     with_zero: bool = True
+    package: str | None = None
+
+    def bytes_per_parameter(self) -> float:
+        """Bytes of state a float32 parameter of a large tensor takes."""
+        numel = 1 << 20
+        return self.state_bytes(numel, 4) / numel
 
 
 def _full_adamw(params, lr: float, weight_decay: float) -> torch.optim.Optimizer:
@@ -62,12 +70,9 @@ def _8bit_adamw(params, lr: float, weight_decay: float) -> torch.optim.Optimizer
     # bitsandbytes' CPU backend warns at import that an optional 4-bit matmul kernel is missing; the
     # optimizer does not use it
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
-    try:
-        bitsandbytes = importlib.import_module("bitsandbytes")
-    except ImportError as error:
-        raise ImportError(
-            "optimizer_states: 8bit needs bitsandbytes: pip install -e '.[bitsandbytes]' (or optimizer_states: full)"
-        ) from error
+    if (missing := missing_package("8bit")) is not None:
+        raise ImportError(missing)
+    bitsandbytes = importlib.import_module("bitsandbytes")
     return bitsandbytes.optim.AdamW8bit(params, lr=lr, weight_decay=weight_decay, min_8bit_size=MIN_8BIT_SIZE)
 
 
@@ -82,7 +87,27 @@ OPTIMIZER_STATES: Registry[OptimizerStates] = Registry("optimizer states")
 OPTIMIZER_STATES.add(
     "full", OptimizerStates(_full_adamw, state_bytes=lambda numel, param_bytes: 2 * param_bytes * numel)
 )
-OPTIMIZER_STATES.add("8bit", OptimizerStates(_8bit_adamw, state_bytes=_8bit_state_bytes, with_zero=False))
+OPTIMIZER_STATES.add(
+    "8bit", OptimizerStates(_8bit_adamw, state_bytes=_8bit_state_bytes, with_zero=False, package="bitsandbytes")
+)
+
+
+def missing_package(states: str) -> str | None:
+    """Why ``states`` cannot be used here, naming the extra to install, when it needs a package that
+    is not installed; else None (the config checks this before Ray starts, the learner where it builds)."""
+    package = OPTIMIZER_STATES.get(states).package
+    if package is None or importlib.util.find_spec(package) is not None:
+        return None
+    return f"optimizer_states: {states} needs {package}: pip install -e '.[{package}]' (or optimizer_states: full)"
+
+
+def leaner_states(states: str, *, zero: bool) -> list[str]:
+    """The names of the states that take fewer bytes a parameter than ``states`` and that a learner
+    can use (with DeepSpeed's ZeRO when ``zero``), leanest first."""
+    current = OPTIMIZER_STATES.get(states).bytes_per_parameter()
+    usable = [name for name in OPTIMIZER_STATES.names() if OPTIMIZER_STATES.get(name).with_zero or not zero]
+    leaner = [name for name in usable if OPTIMIZER_STATES.get(name).bytes_per_parameter() < current]
+    return sorted(leaner, key=lambda name: OPTIMIZER_STATES.get(name).bytes_per_parameter())
 
 
 def build_optimizer(states: str, params: Iterable[torch.nn.Parameter], lr: float, weight_decay: float):

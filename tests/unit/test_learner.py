@@ -343,7 +343,8 @@ def test_out_of_memory_names_the_settings_to_change(model_dir, monkeypatch):
     assert "out of memory on a micro-batch of 4 rows x 11 tokens" in message  # ROWS' longest: 3 + 8
     for knob in ("micro_batch_size: 4 -> 2", "logprob_chunk_size: null -> 1024",
                  "gradient_checkpointing: false -> true", "dtype: float32 -> bfloat16",
-                 "optimizer_states: full -> 8bit", "lora: null -> {rank: 16}",
+                 "optimizer_states: full -> 8bit (AdamW's moments: 2.03 bytes a parameter instead of 8)",
+                 "lora: null -> {rank: 16}",
                  "learner_backend: deepspeed", "max_response_tokens: 512"):  # fmt: skip
         assert knob in message, knob
     assert "GiB per GPU" in message  # the estimate of the current layout

@@ -5,14 +5,24 @@ float32 operations in the same order; from the second step m and v are read back
 code. A test here fails if the 8-bit optimizer's step, its state size or its state's round trip
 through a checkpoint (RLlib's numpy conversion) changes."""
 
+import importlib.util
+import re
+
 import pytest
 import torch
 from ray.rllib.utils.numpy import convert_to_numpy
 from ray.rllib.utils.torch_utils import convert_to_torch_tensor
 
+from rllib_arpo import cli
 from rllib_arpo.config_fields import LearnerSettings
 from rllib_arpo.learner.memory import ModelShape, estimate_learner_memory
-from rllib_arpo.models.optimizers import MIN_8BIT_SIZE, OPTIMIZER_STATES, QUANTIZATION_BLOCK, build_optimizer
+from rllib_arpo.models.optimizers import (
+    MIN_8BIT_SIZE,
+    OPTIMIZER_STATES,
+    QUANTIZATION_BLOCK,
+    build_optimizer,
+    leaner_states,
+)
 
 SIZES = (3 * QUANTIZATION_BLOCK * 8 + 100, 576)  # one tensor with 8-bit states (a partial last block), one without
 FLOAT32_ULP = 2.0**-23
@@ -133,3 +143,26 @@ def test_states_of_a_float32_optimizer_are_8_bytes_a_parameter():
     optimizer.step()
     held = sum(v.numel() * v.element_size() for s in optimizer.state.values() for k, v in s.items() if k != "step")
     assert held == sum(OPTIMIZER_STATES.get("full").state_bytes(p.numel(), 4) for p in params) == 8 * sum(SIZES)
+
+
+def test_without_bitsandbytes_8bit_states_are_refused_before_anything_runs(monkeypatch, capsys):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else find_spec(name, *a)
+    )
+    needs = "optimizer_states: 8bit needs bitsandbytes: pip install -e '.[bitsandbytes]'"
+    with pytest.raises(ValueError, match=re.escape(needs)):
+        LearnerSettings(optimizer_states="8bit")  # the config check, before Ray starts
+    with pytest.raises(ImportError, match=re.escape(needs)):
+        build_optimizer("8bit", parameters(0), lr=1e-3, weight_decay=0.0)
+    assert LearnerSettings(optimizer_states="full").optimizer_states == "full"
+    # the cold start stops before it reads a model or builds demonstrations
+    assert cli.main(["cold-start", "no-such-model", "out", "--optimizer-states", "8bit"]) == 2
+    assert needs in capsys.readouterr().err
+
+
+def test_the_out_of_memory_advice_offers_the_leaner_states_a_backend_can_use():
+    assert leaner_states("full", zero=False) == ["8bit"]
+    assert leaner_states("full", zero=True) == []  # ZeRO partitions full states itself
+    assert leaner_states("8bit", zero=False) == []
+    assert OPTIMIZER_STATES.get("8bit").bytes_per_parameter() == 2 + 2 * 4 / QUANTIZATION_BLOCK
