@@ -339,7 +339,7 @@ class LearnerSettings:
         _at_least({"micro_batch_tokens": (self.micro_batch_tokens, 1)})
         _registered("weight_sync", WEIGHT_SYNCS, self.weight_sync)
         states = _registered("optimizer_states", OPTIMIZER_STATES, self.optimizer_states)
-        if backend.partitions_by_zero_stage and not states.with_zero:
+        if not states.usable(zero=backend.partitions_by_zero_stage):
             raise ValueError(
                 f"optimizer_states: {self.optimizer_states} is not supported with learner_backend: "
                 f"{self.learner_backend} (ZeRO partitions the optimizer's states itself); use optimizer_states: full, "

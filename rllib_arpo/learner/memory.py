@@ -45,7 +45,7 @@ from rllib_arpo.learner.backends import LEARNER_BACKENDS
 from rllib_arpo.learner.packing import PACKING_MODES, PER_TOKEN_KEYS
 from rllib_arpo.models.catalogue import empty_model
 from rllib_arpo.models.lora import LoraSettings, adapter_parameter_count
-from rllib_arpo.models.optimizers import OPTIMIZER_STATES, leaner_states
+from rllib_arpo.models.optimizers import OPTIMIZER_STATES, leanest_states
 
 GIB = 1024**3
 ACTIVATION_BYTES_PER_TOKEN_HIDDEN_LAYER = 34  # at 2 bytes per value; Korthikanti et al. 2022
@@ -243,7 +243,7 @@ def out_of_memory_advice(config: Any, rows: int, length: int) -> str:
     if config.dtype == "float32":
         knobs.append("dtype: float32 -> bfloat16 (with master_weights: true it still learns at small lr)")
     zero = LEARNER_BACKENDS.get(config.learner_backend).partitions_by_zero_stage
-    for states in leaner_states(config.optimizer_states, zero=zero)[:1]:
+    if (states := leanest_states(config.optimizer_states, zero=zero)) is not None:
         leaner, now = (OPTIMIZER_STATES.get(name).bytes_per_parameter() for name in (states, config.optimizer_states))
         knobs.append(
             f"optimizer_states: {config.optimizer_states} -> {states} (AdamW's moments: {leaner:.3g} bytes a parameter "

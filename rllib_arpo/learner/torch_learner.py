@@ -297,7 +297,6 @@ class ARPOTorchLearner(TorchLearner):
         gradients = parameter_gradients(self)
         if self._finite(loss_per_module, gradients):
             self.apply_gradients(self.postprocess_gradients(gradients))
-        del gradients
         zero_gradients(self)
 
     def _micro_chunks(self, config, module_batch: dict[str, Any]):

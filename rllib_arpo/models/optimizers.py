@@ -54,6 +54,10 @@ class OptimizerStates:
     with_zero: bool = True
     package: str | None = None
 
+    def usable(self, *, zero: bool) -> bool:
+        """Whether a learner can hold its states so (with DeepSpeed's ZeRO when ``zero``)."""
+        return self.with_zero or not zero
+
     def bytes_per_parameter(self) -> float:
         """Bytes of state a float32 parameter of a large tensor takes."""
         numel = 1 << 20
@@ -101,13 +105,13 @@ def missing_package(states: str) -> str | None:
     return f"optimizer_states: {states} needs {package}: pip install -e '.[{package}]' (or optimizer_states: full)"
 
 
-def leaner_states(states: str, *, zero: bool) -> list[str]:
-    """The names of the states that take fewer bytes a parameter than ``states`` and that a learner
-    can use (with DeepSpeed's ZeRO when ``zero``), leanest first."""
-    current = OPTIMIZER_STATES.get(states).bytes_per_parameter()
-    usable = [name for name in OPTIMIZER_STATES.names() if OPTIMIZER_STATES.get(name).with_zero or not zero]
-    leaner = [name for name in usable if OPTIMIZER_STATES.get(name).bytes_per_parameter() < current]
-    return sorted(leaner, key=lambda name: OPTIMIZER_STATES.get(name).bytes_per_parameter())
+def leanest_states(states: str, *, zero: bool) -> str | None:
+    """The name of the states a learner can use (with DeepSpeed's ZeRO when ``zero``) that take the
+    fewest bytes a parameter, if fewer than ``states`` take; else None."""
+    bytes_of = {name: OPTIMIZER_STATES.get(name).bytes_per_parameter() for name in OPTIMIZER_STATES}
+    usable = [name for name in OPTIMIZER_STATES if OPTIMIZER_STATES.get(name).usable(zero=zero)]
+    leanest = min(usable, key=bytes_of.get, default=None)
+    return leanest if leanest is not None and bytes_of[leanest] < bytes_of[states] else None
 
 
 def build_optimizer(states: str, params: Iterable[torch.nn.Parameter], lr: float, weight_decay: float):

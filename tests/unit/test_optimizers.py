@@ -21,7 +21,7 @@ from rllib_arpo.models.optimizers import (
     OPTIMIZER_STATES,
     QUANTIZATION_BLOCK,
     build_optimizer,
-    leaner_states,
+    leanest_states,
 )
 
 SIZES = (3 * QUANTIZATION_BLOCK * 8 + 100, 576)  # one tensor with 8-bit states (a partial last block), one without
@@ -162,7 +162,7 @@ def test_without_bitsandbytes_8bit_states_are_refused_before_anything_runs(monke
 
 
 def test_the_out_of_memory_advice_offers_the_leaner_states_a_backend_can_use():
-    assert leaner_states("full", zero=False) == ["8bit"]
-    assert leaner_states("full", zero=True) == []  # ZeRO partitions full states itself
-    assert leaner_states("8bit", zero=False) == []
+    assert leanest_states("full", zero=False) == "8bit"
+    assert leanest_states("full", zero=True) is None  # ZeRO partitions full states itself
+    assert leanest_states("8bit", zero=False) is None
     assert OPTIMIZER_STATES.get("8bit").bytes_per_parameter() == 2 + 2 * 4 / QUANTIZATION_BLOCK
