@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -87,9 +87,6 @@ class LoraSettings:
         config = self.peft_config().to_dict()
         config.update(base_model_name_or_path=str(base_model), target_modules=list(self.target_modules))
         return {key: (sorted(value) if isinstance(value, set) else value) for key, value in config.items()}
-
-    def as_dict(self) -> dict:
-        return {**asdict(self), "target_modules": list(self.target_modules)}
 
 
 def matches(module_name: str, target: str) -> bool:
