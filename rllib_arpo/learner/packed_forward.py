@@ -14,10 +14,10 @@ sum of theirs: exactly the gradient of the unpacked rows, where each row compute
 Attention: a model switched to ``BLOCK_ATTENTION`` (``use_block_attention``) attends block by
 block (``packing.QueryBlock``), each block of queries over its own keys only, through
 transformers' SDPA function: the cost of each row's own attention instead of T^2 for the whole
-micro-batch; the KL reference model is switched too. Without blocks (padded batches) it is plain SDPA. Other
-backends get the whole mask: SDPA and flex attention as bool, eager as an additive float mask;
-FlashAttention backends take plain packing through the restarting ``position_ids`` (their
-variable-length kernels) and no tree mask.
+micro-batch; the KL reference model is switched too. Without blocks (padded batches) it is plain
+SDPA. Other backends get the whole mask: SDPA and flex attention as bool, eager as an additive
+float mask; FlashAttention backends take plain packing through the restarting ``position_ids``
+(their variable-length kernels) and no tree mask.
 """
 
 from __future__ import annotations
