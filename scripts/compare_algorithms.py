@@ -10,9 +10,9 @@ Each run is ``rllib train file CONFIG --config '{"seed": S, ...}'`` in a subproc
 start to exit, one after the other; its figures are appended to ``--results`` (JSON lines), and
 runs already there are skipped, so an interrupted comparison resumes where it stopped, the run
 cut off starting again from its beginning (``--table-only`` reports what is there and runs
-nothing). Each run records its recipe (the config file, the SHA-256 of its text, the overrides
-and stop criteria): a results file kept across sessions resumes only with the recipe its runs
-had, and says which runs differ otherwise.
+nothing). Each run records its recipe (the config file, the SHA-256 of its content, the
+overrides and stop criteria): a results file kept across sessions resumes only with the recipe
+its runs had, and says which runs differ otherwise; a comment edited in the file changes nothing.
 ``--config`` and ``--stop`` apply to
 every run alike (another model, a shorter run); ``--variant NAME JSON`` adds a config named NAME:
 the first config file with the JSON's fields on top (GRPO or random branching with one recipe).
@@ -51,6 +51,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import yaml
 from scipy import stats
 
 from rllib_arpo.eval.report import evaluations, read_results
@@ -74,10 +75,12 @@ TIMED_RUN = (
 
 
 def recipe(config_file: str, overrides: dict, stop: dict | None) -> dict:
-    """What a run ran, beyond its seed: the config file, the SHA-256 of its text, the overrides
-    and the stop criteria (None: the file's)."""
-    digest = hashlib.sha256(Path(config_file).read_bytes()).hexdigest()
-    return {"config_file": config_file, "file_sha256": digest, "overrides": overrides, "stop": stop}
+    """What a run ran, beyond its seed: the config file, the SHA-256 of its content (the parsed
+    YAML as JSON with sorted keys: comments and layout do not count), the overrides and the stop
+    criteria (None: the file's)."""
+    content = json.dumps(yaml.safe_load(Path(config_file).read_text()), sort_keys=True, default=str)
+    digest = hashlib.sha256(content.encode()).hexdigest()
+    return {"config_file": config_file, "config_sha256": digest, "overrides": overrides, "stop": stop}
 
 
 def fresh_run_storage(storage: Path, name: str, seed: int) -> Path:
@@ -281,7 +284,7 @@ def run_missing(args: argparse.Namespace, results: Path, runs: list[dict]) -> No
 
 def check_recipes(args: argparse.Namespace, runs: list[dict]) -> None:
     """SystemExit naming the runs in the results file whose recorded recipe differs from the one
-    ``args`` asks for (another file text, other overrides or stop criteria): resuming would
+    ``args`` asks for (another file content, other overrides or stop criteria): resuming would
     compare runs of different recipes as if they were one."""
     wanted = {name: recipe(config_file, overrides, args.stop) for name, config_file, overrides in configs(args)}
     differing = [

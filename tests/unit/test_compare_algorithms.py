@@ -49,8 +49,9 @@ def test_after_is_never_the_evaluation_before_training(load_script):
 
 
 def test_a_results_file_resumes_only_with_the_recipe_its_runs_had(load_script, tmp_path):
-    """Each run records its recipe; resuming with another file text, other overrides or other stop
-    criteria stops before running anything, naming the runs that differ."""
+    """Each run records its recipe; resuming with another file content, other overrides or other stop
+    criteria stops before running anything, naming the runs that differ. A comment or another layout
+    of the same content is the same recipe."""
     compare = load_script("compare_algorithms")
     config_file = tmp_path / "recipe.yaml"
     config_file.write_text("arpo: {run: ARPO, config: {lr: 1.0e-6}}\n")
@@ -61,12 +62,15 @@ def test_a_results_file_resumes_only_with_the_recipe_its_runs_had(load_script, t
         stop=None,
     )
     ran = compare.recipe(str(config_file), {"model_path": "m", "branching": "none"}, None)
-    assert ran["file_sha256"] == "14bab86ee4c28984caa5bf1d896ffed73f43b87243c14c2b703746f9246bc0ac"  # sha256sum's
+    # sha256sum of the content as sorted JSON: {"arpo": {"config": {"lr": 1e-06}, "run": "ARPO"}}
+    assert ran["config_sha256"] == "bf5e3f4aa5baad1cfb5b7c2fba7506798d66e681ac1a9334ebe1387384081a3f"
     runs = [{"config": "grpo", "seed": 3, "recipe": ran}, {"config": "recipe", "seed": 3}]  # an older row: no recipe
     compare.check_recipes(args, runs)  # the same recipe: resumes
     for changed in ({"stop": {"training_iteration": 2}}, {"config": {"model_path": "other"}}):
         with pytest.raises(SystemExit, match=r"1 runs .* another recipe .*\(grpo seed 3\)"):
             compare.check_recipes(argparse.Namespace(**{**vars(args), **changed}), runs)
+    config_file.write_text("# the recipe\narpo:\n  config:\n    lr: 0.000001  # a comment\n  run: ARPO\n")
+    compare.check_recipes(args, runs)  # the same content, written otherwise: resumes
     config_file.write_text("arpo: {run: ARPO, config: {lr: 2.0e-6}}\n")
     with pytest.raises(SystemExit, match=r"grpo seed 3"):
         compare.check_recipes(args, runs)
