@@ -1,7 +1,8 @@
-"""The end-of-training report of a trial: a short table and a PNG plot, from Tune's result.json.
+"""The end-of-training report of a trial: short tables and a PNG plot, from Tune's result.json.
 
 ``result.json`` holds one JSON object per training iteration. Held-out evaluations appear under
-``evaluation/`` in the iterations where they ran (``ARPOConfig.held_out_interval``).
+``evaluation/`` in the iterations where they ran (``ARPOConfig.held_out_interval``); each
+iteration's seconds are ``time_this_iter_s``, the parts of it the run times are ``TIME_PARTS``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,17 @@ TABLE_METRICS = (
     ("search calls / question", "tool_calls_per_question/search"),
     ("python calls / question", "tool_calls_per_question/python"),
 )
+
+TIME_PARTS = (
+    ("generation", ("env_runners", "generation_s")),
+    ("tool calls", ("env_runners", "tool_s")),
+    ("learner updates", ("learner_update_s",)),
+    ("weight sync", ("weight_sync_s",)),
+)
+"""The parts of an iteration the run times, and where ``result.json`` keeps each one's seconds
+(the rollout's, with several EnvRunners, is their mean)."""
+EVERYTHING_ELSE = "everything else"
+ALL_ITERATIONS = "all iterations"
 
 
 def read_results(trial_dir: str | Path) -> list[dict]:
@@ -94,6 +106,46 @@ def evaluation_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def time_split(results: list[dict]) -> list[tuple[str, float, float]]:
+    """(part, seconds, share of all iterations) for each ``TIME_PARTS`` part the run timed, summed
+    over its iterations, then ``EVERYTHING_ELSE`` (held-out evaluations, the first iteration's
+    warm-up, rewards, advantages, RLlib's bookkeeping) and ``ALL_ITERATIONS`` (the sum of
+    ``time_this_iter_s``; the start-up before the first iteration is not in it). [] where no
+    iteration was timed. With pipelined rollouts (``max_staleness`` >= 1) sampling overlaps the
+    update, the parts may sum above all iterations, and ``EVERYTHING_ELSE`` is left out."""
+    total = sum(_seconds(result, ("time_this_iter_s",)) or 0.0 for result in results)
+    if total <= 0:
+        return []
+    parts = []
+    for part, key in TIME_PARTS:
+        timed = [seconds for seconds in (_seconds(result, key) for result in results) if seconds is not None]
+        if timed:
+            parts.append((part, sum(timed)))
+    rest = total - sum(seconds for _, seconds in parts)
+    if rest >= 0:
+        parts.append((EVERYTHING_ELSE, rest))
+    return [(part, seconds, seconds / total) for part, seconds in [*parts, (ALL_ITERATIONS, total)]]
+
+
+def _seconds(result: dict, key: tuple[str, ...]) -> float | None:
+    """The finite number under ``key`` in ``result``, None where there is none."""
+    value = result
+    for name in key:
+        value = value.get(name) if isinstance(value, dict) else None
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def time_table(results: list[dict]) -> str:
+    """``time_split`` as text, one part a line ("" where no iteration was timed)."""
+    split = time_split(results)
+    if not split:
+        return ""
+    header = f"{'where the time went':<26}{'seconds':>14}{'share':>14}"
+    lines = [header, "-" * len(header)]
+    lines += [f"{part:<26}{seconds:>14.1f}{share:>14.1%}" for part, seconds, share in split]
+    return "\n".join(lines)
+
+
 def plot_training(results: list[dict], path: str | Path) -> Path | None:
     """Accuracy and reward per iteration (training rollouts and held-out evaluations) as a PNG."""
     if not results:
@@ -125,6 +177,7 @@ def plot_training(results: list[dict], path: str | Path) -> Path | None:
 
 
 def write_report(trial_dir: str | Path) -> tuple[str, Path | None]:
-    """Print-ready table and ``<trial_dir>/training.png``."""
+    """Print-ready tables (held-out evaluations, where the time went) and ``<trial_dir>/training.png``."""
     results = read_results(trial_dir)
-    return evaluation_table(results), plot_training(results, Path(trial_dir) / "training.png")
+    tables = "\n\n".join(table for table in (evaluation_table(results), time_table(results)) if table)
+    return tables, plot_training(results, Path(trial_dir) / "training.png")

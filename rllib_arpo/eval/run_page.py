@@ -6,8 +6,9 @@
 from disk); this module fills in the run's data as JSON:
 
 - a trial (``training_page``): the curves of ``CURVES`` from Tune's ``result.json``, the held-out
-  table before and after (``eval.report.evaluation_table``'s metrics), and the rollout trees the
-  driver saved (``eval.saved_trees``), one viewer per saved prompt and iteration;
+  table before and after (``eval.report.evaluation_table``'s metrics), where the iterations' time
+  went (``eval.report.time_split``), and the rollout trees the driver saved (``eval.saved_trees``),
+  one viewer per saved prompt and iteration;
 - an evaluation (``evaluation_page``, ``rllib evaluate --output``): its table and, per benchmark,
   each question's samples as a tree (``QuestionResult.transcript``'s ``tree``).
 
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from ray.tune.utils import flatten_dict
 
-from rllib_arpo.eval.report import evaluations, first_and_last_evaluation, read_result_rows
+from rllib_arpo.eval.report import evaluations, first_and_last_evaluation, read_result_rows, time_split
 from rllib_arpo.eval.saved_trees import SAVED_TREES_FILE, read_saved_trees
 
 PAGE_TEMPLATE = Path(__file__).with_name("report_page.html")
@@ -101,6 +102,12 @@ def held_out_table(results: list[dict]) -> list[dict]:
     return [{"title": "held-out split", "columns": columns, "rows": rows}]
 
 
+def time_split_table(results: list[dict]) -> list[dict]:
+    """Where the iterations' time went (``eval.report.time_split``; none where nothing was timed)."""
+    rows = [[part, f"{seconds:.1f}", f"{share:.1%}"] for part, seconds, share in time_split(results)]
+    return [{"title": "where the time went", "columns": ["part", "seconds", "share"], "rows": rows}] if rows else []
+
+
 def training_page(trial_dir: Path) -> dict:
     """The page data of the trial in ``trial_dir`` (module docstring), its ``notes`` saying what
     is missing."""
@@ -130,7 +137,7 @@ def training_page(trial_dir: Path) -> dict:
         "title": f"{trial_dir.parent.name} / {trial_dir.name}",
         "kind": "training",
         "notes": notes,
-        "tables": held_out_table(results),
+        "tables": held_out_table(results) + time_split_table(results),
         "curves": curves(results),
         "trees": trees,
     }

@@ -46,6 +46,9 @@ def test_rllib_train_file_tiny_yaml_writes_tensorboard_and_metrics(tiny_policy_c
     # the held-out split ran before the first update; the report table and plot were written
     assert results[0]["evaluation_before_training"]["after_iteration"] == 0
     assert "held-out split" in completed.stdout
+    # and where the two iterations' time went, their parts summed (eval.report.time_split)
+    assert "where the time went" in completed.stdout
+    assert f"{'all iterations':<26}{sum(r['time_this_iter_s'] for r in results):>14.1f}" in completed.stdout
     assert (result_files[0].parent / "training.png").is_file()
     # the run report: two trees saved per iteration, and the page that draws them
     trial = result_files[0].parent

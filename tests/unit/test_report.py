@@ -1,6 +1,8 @@
 import json
 
-from rllib_arpo.eval.report import evaluation_table, evaluations, write_report
+from rllib_arpo.eval.report import evaluation_table, evaluations, time_split, time_table, write_report
+
+NAN = float("nan")
 
 
 def results():
@@ -40,4 +42,40 @@ def test_write_report_makes_a_png(tmp_path):
     table, plot = write_report(tmp_path)
     assert plot == tmp_path / "training.png"
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "accuracy" in table
+    assert "accuracy" in table and "where the time went" not in table  # these rows are not timed
+    rows = [{**row, **timed(2.0, 1.0, 0.0, 0.5, 0.0)} for row in results()]
+    (tmp_path / "result.json").write_text("\n".join(json.dumps(r) for r in rows))
+    table, _ = write_report(tmp_path)
+    assert table.split("\n\n")[1] == time_table(rows)
+
+
+def timed(iteration: float, generation: float, tools: float, learner: float, sync: float) -> dict:
+    """A result row with an iteration's seconds and the parts the run times (NaN: not timed)."""
+    return {
+        "time_this_iter_s": iteration,
+        "env_runners": {"generation_s": generation, "tool_s": tools},
+        "learner_update_s": learner,
+        "weight_sync_s": sync,
+    }
+
+
+def test_the_time_split_sums_each_part_over_the_iterations_and_names_the_rest():
+    rows = [timed(10.0, 3.0, 0.5, 4.0, 0.25), timed(6.0, 2.0, 0.5, 2.5, NAN)]
+    # 16 s in all: generation 5, tools 1, learner 6.5, sync 0.25, the rest 3.25
+    assert time_split(rows) == [
+        ("generation", 5.0, 0.3125),
+        ("tool calls", 1.0, 0.0625),
+        ("learner updates", 6.5, 0.40625),
+        ("weight sync", 0.25, 0.015625),
+        ("everything else", 3.25, 0.203125),
+        ("all iterations", 16.0, 1.0),
+    ]
+    assert time_table(rows).splitlines()[2].split() == ["generation", "5.0", "31.2%"]
+
+
+def test_sampling_that_overlaps_the_update_leaves_no_rest_and_no_timing_no_table():
+    overlapped = [timed(4.0, 3.0, 0.0, 2.0, 0.0)]  # max_staleness >= 1: the rollout ran beside the update
+    assert [part for part, _, _ in time_split(overlapped)] == [
+        "generation", "tool calls", "learner updates", "weight sync", "all iterations",
+    ]  # fmt: skip
+    assert time_split([{"training_iteration": 1}]) == [] and time_table([{"training_iteration": 1}]) == ""

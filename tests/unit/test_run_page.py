@@ -69,6 +69,22 @@ def test_a_whole_trial_gives_its_curves_held_out_table_and_trees(tmp_path):
     ]
 
 
+def test_a_timed_trial_shows_where_its_time_went(tmp_path):
+    timing = {"time_this_iter_s": 8.0, "learner_update_s": 6.0, "weight_sync_s": 0.5}
+    rows = [{**result_row(1, 0.25, None, before=0.5), **timing}]
+    data = training_page(write_trial(tmp_path / "ARPO_0", rows))
+    assert data["tables"][1] == {
+        "title": "where the time went",
+        "columns": ["part", "seconds", "share"],
+        "rows": [
+            ["learner updates", "6.0", "75.0%"],
+            ["weight sync", "0.5", "6.2%"],
+            ["everything else", "1.5", "18.8%"],
+            ["all iterations", "8.0", "100.0%"],
+        ],
+    }
+
+
 def test_a_run_killed_mid_iteration_is_reported_with_what_it_lacks(tmp_path):
     rows = [result_row(1, 0.25, None)]
     trial = write_trial(
