@@ -132,7 +132,12 @@ def _seconds(result: dict, key: tuple[str, ...]) -> float | None:
     value = result
     for name in key:
         value = value.get(name) if isinstance(value, dict) else None
-    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+    return value if is_finite_number(value) else None
+
+
+def is_finite_number(value) -> bool:
+    """A real number (not a bool), finite."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def time_table(results: list[dict]) -> str:

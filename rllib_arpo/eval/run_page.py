@@ -19,12 +19,17 @@ as one note each at the top of the page and returned, so the command can say it 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from ray.tune.utils import flatten_dict
 
-from rllib_arpo.eval.report import evaluations, first_and_last_evaluation, read_result_rows, time_split
+from rllib_arpo.eval.report import (
+    evaluations,
+    first_and_last_evaluation,
+    is_finite_number,
+    read_result_rows,
+    time_split,
+)
 from rllib_arpo.eval.saved_trees import SAVED_TREES_FILE, read_saved_trees
 
 PAGE_TEMPLATE = Path(__file__).with_name("report_page.html")
@@ -56,21 +61,18 @@ class ReportError(ValueError):
     """A run directory with nothing to report, said in one line."""
 
 
-def _finite(value) -> bool:
-    """A real number (not a bool), finite."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def flat(result: dict) -> dict[str, float]:
     """A result row's numbers by their ``a/b/c`` key (Ray's ``flatten_dict``, as the CSV logger
     names them); NaN and infinite values left out (RLlib logs NaN for metrics an iteration did not
     measure)."""
-    return {key: float(value) for key, value in flatten_dict(result, delimiter="/").items() if _finite(value)}
+    return {key: float(value) for key, value in flatten_dict(result, delimiter="/").items() if is_finite_number(value)}
 
 
 def curves(results: list[dict]) -> list[dict]:
     """The held-out accuracy, then each of ``CURVES`` that the results hold."""
-    points = [[iteration, e["accuracy"]] for iteration, e in evaluations(results) if _finite(e.get("accuracy"))]
+    points = [
+        [iteration, e["accuracy"]] for iteration, e in evaluations(results) if is_finite_number(e.get("accuracy"))
+    ]
     out = [{"title": "held-out accuracy", "x_label": "iteration", "series": [{"label": "held-out", "points": points}]}]
     rows = [(r.get("training_iteration"), flat(r)) for r in results]
     for title, wanted in CURVES:
@@ -97,7 +99,7 @@ def held_out_table(results: list[dict]) -> list[dict]:
     if compared is None:
         return []
     (first_iteration, last_iteration), rows = compared
-    rows = [[label, *(value if _finite(value) else None for value in values)] for label, *values in rows]
+    rows = [[label, *(value if is_finite_number(value) else None for value in values)] for label, *values in rows]
     columns = ["metric", f"iteration {first_iteration}", f"iteration {last_iteration}"]
     return [{"title": "held-out split", "columns": columns, "rows": rows}]
 
