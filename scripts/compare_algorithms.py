@@ -107,13 +107,13 @@ def run_once(
     """The figures of the run ``name`` of ``config_file`` with ``seed``, under ``flock lock`` if given
     (the wall time is taken inside the lock: waiting for it does not count)."""
     run_storage = fresh_run_storage(storage, name, seed)
-    timing = storage / f"{name}_seed{seed}.seconds"
+    timing = run_storage.with_name(f"{run_storage.name}.seconds")
     command = [sys.executable, "-m", "rllib_arpo.cli", "train", "file", config_file]
     command += ["--config", json.dumps({**overrides, "seed": seed}), "--storage-path", str(run_storage)]
     if stop:
         command += ["--stop", json.dumps(stop)]
     timed = [sys.executable, "-c", TIMED_RUN, str(timing), *command]
-    with open(storage / f"{name}_seed{seed}.log", "w") as log:
+    with open(run_storage.with_name(f"{run_storage.name}.log"), "w") as log:
         subprocess.run((["flock", lock] if lock else []) + timed, check=True, stdout=log, stderr=subprocess.STDOUT)
     minutes = float(timing.read_text()) / 60
     (result_file,) = run_storage.glob("*/*/result.json")

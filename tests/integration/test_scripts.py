@@ -229,6 +229,9 @@ def test_compare_algorithms_tabulates_and_resumes(tiny_policy_cache, tmp_path):
     runs = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
     assert [(r["config"], r["seed"]) for r in runs] == [("arpo_tiny", 0), ("grpo_tiny", 0)]
     assert [[i for i, _ in r["held_out_curve"]] for r in runs] == [[0, 1], [0, 1]]  # before and after the update
+    # each run's trial, output and wall time, under its name and seed
+    written = {path.name for path in (tmp_path / "runs").iterdir()}
+    assert written == {f"{name}_seed0{end}" for name in ("arpo_tiny", "grpo_tiny") for end in ("", ".log", ".seconds")}
     table = (tmp_path / "cmp.md").read_text()
     assert [line.split("|")[1].strip() for line in table.splitlines()[2:]] == ["arpo_tiny", "grpo_tiny"]
     # the runs on file are not run again: the same table, nothing appended
