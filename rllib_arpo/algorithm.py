@@ -19,6 +19,7 @@ Ray Tune under its name (``run: GRPO``, ``tune.Tuner("GRPO")``); see ``tuned_exa
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -49,6 +50,7 @@ from rllib_arpo.eval.evaluate import evaluate_env_runner
 from rllib_arpo.eval.report import BEFORE_TRAINING, EVALUATION
 from rllib_arpo.eval.saved_trees import SAVED_TREES_FILE, append_saved_trees, span_attribution, tree_record
 from rllib_arpo.family import FAMILY
+from rllib_arpo.hardware import dtype_choice
 from rllib_arpo.learner.backends import LEARNER_BACKENDS
 from rllib_arpo.learner.checkpoint import (
     POLICY_DIRECTORY,
@@ -68,6 +70,8 @@ from rllib_arpo.rollout.env_runner import ARPOEnvRunner, DataPosition, RolloutBa
 from rllib_arpo.rollout_pipeline import RolloutPipeline, SampleFailure, batch_staleness, sample_or_failure
 from rllib_arpo.weights import WEIGHT_SYNCS
 from rllib_arpo.weights.object_store import policy_weights, tensor_bytes
+
+logger = logging.getLogger(__name__)
 
 MAX_SAMPLE_ATTEMPTS = 3
 RESTART_TIMEOUT_S = 300.0
@@ -228,14 +232,20 @@ class ARPO(Algorithm):
         return config
 
     def setup(self, config: ARPOConfig | dict) -> None:
-        """Resolve ``model_path`` (``tiny`` builds the embedded policy once, here in the driver)
-        and build the local EnvRunner only when there are no remote ones."""
+        """Resolve ``model_path`` (``tiny`` builds the embedded policy once, here in the driver) and
+        ``dtype`` (``auto`` chosen for this machine, ``hardware.dtype_choice``; a half precision
+        this CPU multiplies slowly logged once), and build the local EnvRunner only when there are
+        no remote ones."""
         from rllib_arpo.models.catalogue import resolve_model_path
 
         if isinstance(config, dict):  # Tune hands over a (partial) config dict
             config = self.get_default_config().update_from_dict(config)
+        dtype = dtype_choice(config)
+        if dtype.warning:
+            logger.warning(dtype.warning)
         fields = {
             "model_path": resolve_model_path(config.model_path) if config.model_path else None,
+            "dtype": dtype.name,  # the learners and the engines are built from this name
             "create_local_env_runner": config.num_env_runners == 0,
             # RLlib's cap on async requests per EnvRunner and tag: the pipeline's K sample() requests
             "max_requests_in_flight_per_env_runner": max(config.max_staleness, 1),

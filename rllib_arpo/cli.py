@@ -5,7 +5,8 @@ Ray 2.60 no longer ships an ``rllib`` command; this one keeps the classic form:
 - ``rllib train file X.yaml [--import ENTRY ...] [--stop JSON] [--config JSON] [--storage-path P]
   [--resume] [--dry-run]``: import the user's modules (``--import`` and the file's ``imports:``,
   ``user_imports``), read a tuned-example file (``experiment_file``: paths resolved, every value
-  checked before Ray starts), then start Ray with every worker importing the same modules and run
+  checked before Ray starts), print the dtype its trials compute in on this machine and why
+  (``hardware.dtype_choice``), then start Ray with every worker importing the same modules and run
   it with Ray Tune (TensorBoard, CSV and JSON logs under the storage path), with ``--resume``
   continue it from its trials' latest checkpoints, or with ``--dry-run`` print what it would do
   (``dry_run``) and exit;
@@ -110,6 +111,8 @@ def train_file(
     for name, experiment in experiments.items():
         _scheduler(experiment.get("scheduler"), name)
         user_modules += experiment["imports"]
+        for line in dtype_lines(experiment):
+            print(f"[{name}] {line}", flush=True)  # the warning of a slow dtype: once, by each trial's setup
     import ray
     from ray import tune
 
@@ -169,6 +172,19 @@ def train_file(
     if owns_ray and ray.is_initialized():
         ray.shutdown()
     return 1 if failed else 0
+
+
+def dtype_lines(experiment: dict) -> list[str]:
+    """The dtype the experiment's trials compute in on this machine and why (``DtypeChoice.line``),
+    each different line once: the run's first lines. ``ARPO.setup`` makes the same choice in each
+    trial, and logs the warning of a configured half precision this CPU multiplies slowly."""
+    from rllib_arpo.algorithm import TRAINABLES
+    from rllib_arpo.experiment_file import trial_configs
+    from rllib_arpo.hardware import dtype_choice
+
+    default_config = TRAINABLES[experiment["run"]].get_default_config
+    trials = [default_config().update_from_dict(values) for values in trial_configs(experiment["config"])]
+    return list(dict.fromkeys(dtype_choice(trial).line for trial in trials))
 
 
 def command_line_imports(entries: list[str] | None) -> UserImports:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields, make_dataclass
 from typing import Any
 
 from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, entropy_advantage_base_estimator, estimator_settings
-from rllib_arpo.core.dtypes import DTYPE_NAMES
+from rllib_arpo.core.dtypes import CONFIG_DTYPES
 from rllib_arpo.core.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, check_tis_cap
 from rllib_arpo.core.registry import Registry
 from rllib_arpo.core.rewards import RewardSettings
@@ -65,7 +65,9 @@ class PolicySettings:
     dtype: str = setting(
         "float32",
         "`float32`, `bfloat16`, `float16`: the engines' weights and the learner's compute (its weights and "
-        "optimizer states stay float32 with `master_weights`).",
+        "optimizer states stay float32 with `master_weights`). `auto`: bfloat16 where the hardware multiplies it "
+        "natively (a CUDA GPU with bfloat16 when the run uses GPUs; a CPU with AMX or AVX512-BF16), float32 "
+        "elsewhere, chosen once by the driver, which prints the choice and why.",
     )
     engine: str = setting("hf", "Generation engine: `hf` (transformers, exact entropy) or `vllm` (prefix caching).")
     engine_options: dict = setting(
@@ -75,8 +77,8 @@ class PolicySettings:
     def __post_init__(self) -> None:
         _registered("engine", ENGINES, self.engine)
         check_engine_options(self.engine, self.engine_options)
-        if self.dtype not in DTYPE_NAMES:
-            raise ValueError(f"dtype must be one of {list(DTYPE_NAMES)}, got {self.dtype!r}")
+        if self.dtype not in CONFIG_DTYPES:
+            raise ValueError(f"dtype must be one of {list(CONFIG_DTYPES)}, got {self.dtype!r}")
 
 
 @dataclass(frozen=True)

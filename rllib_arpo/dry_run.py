@@ -5,8 +5,10 @@ experiment whose config passed every check of ``experiment_file``) that returns 
 ``DRY_RUN_SECTIONS`` lists them in print order; a new section is one more function decorated
 with ``dry_run_section("title")``:
 
-- ``experiment``: the run, the stop criteria, the number of trials, where results go, and every
-  config value the file sets (paths resolved);
+- ``experiment``: the run, the stop criteria, the number of trials, where results go, the dtype
+  the run will compute in on this machine and why (``hardware.dtype_choice``: ``auto`` chosen, or
+  a warning for a half precision this CPU multiplies slowly), and every config value the file sets
+  (paths resolved);
 - ``resources``: the Ray resource bundles one trial asks for (RLlib's placement group: the
   algorithm's main process, the EnvRunners, the learners) and their sums;
 - ``learner memory``: the estimate of one learner's memory (``learner.memory``) for the model,
@@ -33,6 +35,8 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from rllib_arpo.hardware import dtype_choice
 
 PROMPTS_SHOWN = 2
 """Training prompts the ``prompts`` section prints (the first ones EnvRunner 1 rolls out)."""
@@ -90,6 +94,7 @@ def experiment_section(planned: PlannedExperiment) -> str:
         f"trials: {planned.trials}",
         f"storage_path: {experiment.get('storage_path') or '~/ray_results'}",
         f"checkpoint_config: {json.dumps(checkpoints)}",
+        dtype_choice(planned.config).report(),
         "config (as given, paths resolved):",
     ]
     lines += [f"  {key}: {json.dumps(value, default=str)}" for key, value in (experiment.get("config") or {}).items()]
@@ -150,7 +155,7 @@ def learner_memory_section(planned: PlannedExperiment) -> str:
         micro_batch = f"packing {config.packing}, micro_batch_tokens {config.micro_batch_tokens}"
     return "\n".join(
         [
-            f"one learner, {where}: {learners} x {layout} learner, dtype {config.dtype}, {micro_batch}, "
+            f"one learner, {where}: {learners} x {layout} learner, dtype {dtype_choice(config).name}, {micro_batch}, "
             f"rows of {length} tokens ({prompt_tokens}, {prompt_source}, + {config.max_response_tokens}, "
             "max_response_tokens):",
             learner_memory_of_config(config, sequence_length=length).table(),

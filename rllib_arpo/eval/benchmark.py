@@ -147,6 +147,7 @@ def evaluate_benchmarks(
     on every benchmark of ``benchmarks`` (``load_benchmarks``, cut to ``limit`` questions, which
     the table's settings record); write the table and transcripts into ``output_dir`` and return
     the table (a pandas DataFrame)."""
+    from rllib_arpo.hardware import dtype_choice
     from rllib_arpo.models.catalogue import resolve_model_path
     from rllib_arpo.rollout.env_runner import build_engine
 
@@ -157,6 +158,7 @@ def evaluate_benchmarks(
     (output_dir / "transcripts").mkdir(exist_ok=True)
     start = time.perf_counter()
     config.model_path = resolve_model_path(config.model_path)  # a named model's directory, built if missing
+    config.dtype = dtype_choice(config).name  # dtype: auto chosen for this machine, as a run's driver does
     engine = build_engine(config)
     engine_minutes = (time.perf_counter() - start) / 60
     rollout_settings = from_config(RolloutSettings, config)
@@ -217,11 +219,12 @@ def _run_settings(
     limit: int | None,
     seed: int,
 ) -> dict:
-    """The settings written beside the table: the policy and engine, the sampling choices, the
-    tools and the rollout's limits."""
+    """The settings written beside the table: the policy, the engine and its dtype, the sampling
+    choices, the tools and the rollout's limits."""
     return {
         "policy": config.model_path,
         "engine": config.engine,
+        "dtype": config.dtype,
         "engine_start_minutes": engine_minutes,
         "samples": samples,
         "temperature": temperature,

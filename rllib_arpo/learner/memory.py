@@ -41,6 +41,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from rllib_arpo.core.dtypes import DTYPES
+from rllib_arpo.hardware import dtype_choice
 from rllib_arpo.learner.backends import LEARNER_BACKENDS
 from rllib_arpo.learner.packing import PACKING_MODES, PER_TOKEN_KEYS
 from rllib_arpo.models.catalogue import empty_model
@@ -158,14 +159,15 @@ def learner_memory_of_config(config: Any, sequence_length: int | None = None) ->
     """``estimate_learner_memory`` for an ``ARPOConfig``; the sequence length defaults to the
     longest row the rollout settings allow (prompt budget not included: add it if you know it).
     A packed micro-batch (``packing`` packed/tree) is one sequence of ``micro_batch_tokens``, or
-    of the longest row where that row alone is longer."""
+    of the longest row where that row alone is longer. ``dtype: auto`` counts the dtype chosen for
+    this machine (``hardware.dtype_choice``), as the run's driver will choose it."""
     from rllib_arpo.models.catalogue import resolve_model_path
 
     packed = PACKING_MODES.get(config.packing).packs
     row_tokens = sequence_length or config.max_response_tokens
     return estimate_learner_memory(
         ModelShape.from_pretrained(resolve_model_path(config.model_path), LoraSettings.from_config(config.lora)),
-        dtype=config.dtype,
+        dtype=dtype_choice(config).name,
         master_weights=config.master_weights,
         learner_backend=config.learner_backend,
         num_learners=config.num_learners,
