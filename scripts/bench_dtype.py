@@ -20,8 +20,17 @@ forward and backward under ``torch.autocast(bfloat16)``.
 
 Kernels (skipped with ``--no-kernel-check``): one learner forward and backward under each dtype in
 a subprocess with ``ONEDNN_VERBOSE=1``, counting oneDNN's matmul executions by implementation:
-``brg_matmul:...amx`` means the bfloat16 products ran on the AMX tile units. (float32 products
-go to MKL's sgemm, which oneDNN does not log.)
+``brg_matmul:...amx`` means the bfloat16 products ran on the AMX tile units. float32 products go
+to MKL's sgemm, which oneDNN does not log; torch hands bfloat16 products to oneDNN only on a CPU
+with AVX-512, and on an AVX2-only CPU oneDNN logs none of them.
+
+CPU: the model name and which of ``CPU_FLAGS`` /proc/cpuinfo lists are printed above the table
+(and written to the JSON as ``cpu``): the figures depend on them (``core.dtypes.NATIVE_CPU_FLAGS``).
+
+Matrix products: a linear layer's three products (``PRODUCTS``: the forward and the two gradients,
+each in the memory layout torch hands over) on random ``--product-tokens`` x hidden x intermediate
+matrices of the model's shape, GFLOP/s in each dtype (median of 3 calls after one untimed, this
+process's torch threads). On a CPU without native bfloat16 their bfloat16 speeds differ by layout.
 
 Mismatch: for every engine and dtype, the tokens of its last timed call scored by the learner in
 each dtype (``sampler_learner_mismatch``): the learner's ``logprob_mismatch_kl`` and what
@@ -41,6 +50,9 @@ import time
 from pathlib import Path
 
 DTYPES = ("float32", "bfloat16")
+CPU_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2", "fma")
+"""The CPU flags the figures depend on: AMX's bfloat16 tiles, AVX-512's bfloat16 dot products,
+AVX-512 itself, and the AVX2 and FMA that float32 products run on without it."""
 
 
 def generation_tokens_per_s(
@@ -70,6 +82,37 @@ def generation_tokens_per_s(
         if hasattr(engine, "close"):
             engine.close()
     return statistics.median(rates), list(zip(prefixes, generations))
+
+
+PRODUCTS = {
+    "forward, x @ W.T": lambda x, w, grad: x @ w.T,
+    "input gradient, grad @ W": lambda x, w, grad: grad @ w,
+    "weight gradient, grad.T @ x": lambda x, w, grad: grad.T @ x,
+}
+"""The matrix products of a linear layer y = x W^T (x: tokens x hidden, W: intermediate x hidden)
+in its forward and backward pass, written as torch computes them."""
+
+
+def product_gflops(tokens: int, hidden: int, intermediate: int, dtype: str, calls: int = 3) -> dict[str, float]:
+    """GFLOP/s of each of ``PRODUCTS`` on random matrices in ``dtype``: the median of ``calls``
+    timed calls after one untimed."""
+    import torch
+
+    from rllib_arpo.core.dtypes import DTYPES as TORCH_DTYPES
+
+    generator = torch.Generator().manual_seed(0)
+    shapes = ((tokens, hidden), (intermediate, hidden), (tokens, intermediate))
+    x, w, grad = (torch.randn(*shape, generator=generator).to(TORCH_DTYPES[dtype]) for shape in shapes)
+    rates = {}
+    for name, product in PRODUCTS.items():
+        product(x, w, grad)
+        seconds = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            product(x, w, grad)
+            seconds.append(time.perf_counter() - start)
+        rates[name] = 2 * tokens * hidden * intermediate / statistics.median(seconds) / 1e9
+    return rates
 
 
 def sampler_learner_mismatch(model, samples, learner_dtype: str, tis_cap: float = 2.0) -> dict[str, float]:
@@ -136,6 +179,7 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=192)
     parser.add_argument("--response-tokens", type=int, default=288)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--product-tokens", type=int, default=2048, help="rows of the matrix products' x")
     parser.add_argument("--no-kernel-check", action="store_true")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
@@ -146,6 +190,7 @@ def main() -> None:
 
     import rllib_arpo.tools  # noqa: F401  (registers the tools)
     from rllib_arpo.data.tir_task import TIRTask, format_prompt
+    from rllib_arpo.hardware import cpu_flags, cpu_model
     from rllib_arpo.models.catalogue import resolve_model_path
 
     sys.path.insert(0, str(Path(__file__).parent))
@@ -153,15 +198,25 @@ def main() -> None:
 
     path = resolve_model_path(args.model_path)
     prompts = [format_prompt(example) for example in TIRTask(seed=0).split("test")[: args.prompts]]
-    figures: dict[str, dict[str, float]] = {}
+    flags = cpu_flags()
+    figures: dict[str, dict] = {"cpu": {"model": cpu_model(), "flags": {flag: flag in flags for flag in CPU_FLAGS}}}
     print(f"{args.model_path}: {len(prompts)} prompts x {args.max_new_tokens} new tokens, median of {args.repeats}")
+    listed = ", ".join(f"{flag} {'yes' if present else 'no'}" for flag, present in figures["cpu"]["flags"].items())
+    print(f"CPU: {figures['cpu']['model']}; flags {listed}")
     print("| measure | float32 | bfloat16 | bf16 / fp32 |")
     print("|---|---|---|---|")
 
-    def report(name: str, by_dtype: dict[str, float]) -> None:
+    def report(name: str, by_dtype: dict[str, float], digits: int = 0) -> None:
         figures[name] = by_dtype
-        ratio = by_dtype["bfloat16"] / by_dtype["float32"]
-        print(f"| {name} | {by_dtype['float32']:.0f} | {by_dtype['bfloat16']:.0f} | {ratio:.2f}x |", flush=True)
+        fp32, bf16 = by_dtype["float32"], by_dtype["bfloat16"]
+        print(f"| {name} | {fp32:.{digits}f} | {bf16:.{digits}f} | {bf16 / fp32:.2f}x |", flush=True)
+
+    model_config = AutoConfig.from_pretrained(path)
+    size = (args.product_tokens, model_config.hidden_size, model_config.intermediate_size)
+    rates = {dtype: product_gflops(*size, dtype) for dtype in DTYPES}
+    for product in PRODUCTS:
+        by_dtype = {dtype: rates[dtype][product] for dtype in DTYPES}
+        report(f"GFLOP/s of {product} ({' x '.join(map(str, size))})", by_dtype, digits=1)
 
     samples = {}
     for engine_name in args.engines.split(","):
@@ -173,7 +228,7 @@ def main() -> None:
         report(f"generation tokens/s ({engine_name})", rates)
 
     shape = tree_groups_shape(args.rows, args.prompt_tokens, args.response_tokens)
-    batch = make_batch(shape, AutoConfig.from_pretrained(path).vocab_size)
+    batch = make_batch(shape, model_config.vocab_size)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     results = {
         dtype: measure(path, LAYOUTS["torch-1"], shape, batch, args.repeats, dtype=dtype, cpus_per_learner=2)
@@ -202,7 +257,7 @@ def main() -> None:
     if not args.no_kernel_check:
         for dtype in DTYPES:
             kernels = matmul_kernels(path, dtype)
-            listed = ", ".join(f"{name} x {count}" for name, count in sorted(kernels.items())) or "none (MKL sgemm)"
+            listed = ", ".join(f"{name} x {count}" for name, count in sorted(kernels.items())) or "none logged"
             print(f"oneDNN matmuls in a learner forward + backward, {dtype}: {listed}")
             figures[f"onednn_matmuls_{dtype}"] = kernels
     if args.json:

@@ -122,17 +122,44 @@ def test_bench_dtype_compares_float32_and_bfloat16(tiny_policy_cache, tmp_path):
         "--rows", "4", "--prompt-tokens", "16", "--response-tokens", "12", "--repeats", "1",
         "--json", str(tmp_path / "dtype.json"), cache=tiny_policy_cache,
     )  # fmt: skip
-    for measure in ("generation tokens/s (hf)", "learner trained tokens/s"):
-        [row] = [line for line in out.splitlines() if line.startswith(f"| {measure} |")]
-        fp32, bf16, ratio = (cell.strip() for cell in row.split("|")[2:5])
-        assert float(ratio.removesuffix("x")) == pytest.approx(float(bf16) / float(fp32), rel=0.02, abs=0.01)
     figures = json.loads((tmp_path / "dtype.json").read_text())
+    # a linear layer's three products at the tiny policy's shape (hidden 128, intermediate 256), in GFLOP/s
+    products = [f"GFLOP/s of {name} (2048 x 128 x 256)" for name in ("forward, x @ W.T", "input gradient, grad @ W")]
+    products.append("GFLOP/s of weight gradient, grad.T @ x (2048 x 128 x 256)")
+    measures = {"generation tokens/s (hf)": 0, "learner trained tokens/s": 0, **dict.fromkeys(products, 1)}
+    for measure, digits in measures.items():
+        # the row prints the figures rounded and their ratio: compared with the unrounded ones, since
+        # a rounded rate of a few tokens/s (a slow CPU) is too coarse to recompute the ratio from
+        [row] = [line for line in out.splitlines() if line.startswith(f"| {measure} |")]
+        fp32, bf16 = figures[measure]["float32"], figures[measure]["bfloat16"]
+        expected = [f"{fp32:.{digits}f}", f"{bf16:.{digits}f}", f"{bf16 / fp32:.2f}x"]
+        assert [cell.strip() for cell in row.split("|")[2:5]] == expected
     exact = figures["mismatch hf float32 / learner float32"]
     assert 0 < exact["tokens"] <= 2 * 8  # both prompts' sampled tokens, up to 8 each
     rounded = figures["mismatch hf bfloat16 / learner float32"]
     assert rounded["logprob_mismatch_max_abs"] > exact["logprob_mismatch_max_abs"]
-    # the kernel check reads oneDNN's log: bf16 products are oneDNN matmuls on every x86 CPU torch supports
-    assert sum(figures["onednn_matmuls_bfloat16"].values()) > 0
+    # the CPU the figures came from, as /proc/cpuinfo (read here, apart from the script) describes it
+    [(model, listed)] = re.findall(r"^CPU: (.*); flags (.*)$", out, re.MULTILINE)
+    flags = set(cpuinfo_value("flags").split())
+    printed = dict(item.split() for item in listed.split(", "))
+    assert model == cpuinfo_value("model name")
+    assert printed == {flag: "yes" if flag in flags else "no" for flag in printed}
+    assert {"amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2", "fma"} == set(printed)
+    assert figures["cpu"] == {"model": model, "flags": {flag: flag in flags for flag in printed}}
+    # the kernel check reads oneDNN's log, and which kernels bfloat16 products run on is the CPU's to say
+    kernels = figures["onednn_matmuls_bfloat16"]
+    if "amx_bf16" in flags:  # on the AMX tile units
+        assert any("amx" in kernel for kernel in kernels)
+    elif {"avx512bw", "avx512vl", "avx512dq"} <= flags:  # AVX512-BF16 (or AVX-512 emulating it): oneDNN, no tiles
+        assert sum(kernels.values()) > 0 and not any("amx" in kernel for kernel in kernels)
+    else:  # AVX2 only: torch hands bfloat16 products to oneDNN only where AVX-512 is (mkldnn_bf16_device_check)
+        assert kernels == {}
+
+
+def cpuinfo_value(key: str) -> str:
+    """The value of the first ``key`` line of /proc/cpuinfo."""
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    return next(line.partition(":")[2].strip() for line in lines if line.partition(":")[0].strip() == key)
 
 
 def test_bench_memory_tabulates_the_phases_of_an_iteration_and_of_the_cold_start(tiny_policy_cache, tmp_path):
