@@ -14,8 +14,9 @@ Ray 2.60 no longer ships an ``rllib`` command; this one keeps the classic form:
   and transcripts (``eval.benchmark``);
 - ``rllib cold-start MODEL OUTPUT``: the supervised cold start of a real chat model on tool-use
   demonstrations (``cold_start.sft.cold_start``).
-- ``rllib check-gpu [--model M] [--only PIECE ...] [--json PATH]``: PASS / FAIL / SKIP for each
-  piece a GPU machine must run (``gpu_check``); exit status 1 if any piece fails.
+- ``rllib check-gpu [--model M] [--only PIECE ...] [--json PATH] [--engine vllm|hf] [--device cuda|cpu]``:
+  PASS / FAIL / SKIP for each piece a GPU machine must run (``gpu_check``); exit status 1 if any
+  piece fails.
 - ``rllib report RUN_DIR``: the run report as one HTML page per trial (curves, held-out table,
   rollout trees; ``eval.run_page``), also written at the end of ``rllib train`` and by
   ``rllib evaluate``.
@@ -438,14 +439,25 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--model", default="tiny", help="named model or save_pretrained directory (default: tiny)")
     check.add_argument("--only", nargs="+", choices=GPU_CHECK_PIECES, help="run only these pieces")
     check.add_argument("--json", help="write the results to this file")
+    check.add_argument(
+        "--engine",
+        choices=["vllm", "hf"],
+        default="vllm",
+        help="the engine checked: vllm (default), or hf without vLLM",
+    )
+    check.add_argument(
+        "--device", choices=["cuda", "cpu"], default="cuda", help="cpu: each comparison on the CPU in float32 (tests)"
+    )
     return parser
 
 
 def check_gpu(args: argparse.Namespace) -> int:
-    """``rllib check-gpu``: the pieces of ``gpu_check.PIECES`` (or ``--only`` those), in order."""
-    from rllib_arpo.gpu_check import run_checks
+    """``rllib check-gpu``: the pieces of ``gpu_check.PIECES`` (or ``--only`` those), in order, on
+    the devices ``--device`` and ``--engine`` name."""
+    from rllib_arpo.gpu_check import devices_for, run_checks
 
-    return run_checks([GPU_CHECK_PIECES[name] for name in args.only or GPU_CHECK_PIECES], args.model, args.json)
+    pieces = [GPU_CHECK_PIECES[name] for name in args.only or GPU_CHECK_PIECES]
+    return run_checks(pieces, args.model, args.json, devices_for(args.device, args.engine))
 
 
 def exit_on_sigterm() -> None:

@@ -6,23 +6,28 @@ the machine lacks what it needs (no CUDA device, one GPU where it needs two, a p
 or ``CheckFailed`` when the result is wrong; any other exception is a FAIL too:
 
 1. ``cuda_torch``: CUDA torch, the device, bfloat16 support, a bf16 matmul against float32.
-2. ``vllm_generation``: ``VLLMEngine`` on cuda in bf16 continues prompts greedily as the HF
-   engine does in bf16 (tokens, and log-probs on the tokens both chose).
+2. ``engine_generation``: the engine (vLLM, or with ``--engine hf`` the HF engine) on the device
+   in bf16 continues prompts greedily as the HF engine in bf16 does (beside vLLM on the GPU; on
+   the CPU for the HF engine on a GPU): tokens, and log-probs on the tokens both chose.
 3. ``nccl_broadcast``: a sender process broadcasts perturbed weights over NCCL
    (``WeightBroadcastGroup``) into the engine (``open_weight_group`` / ``receive_weights``); the
    engine then continues greedily as a fresh engine loaded with those weights does.
 4. ``lora_sync``: a LoRA adapter alone synced into the engine (vLLM loads it by version); the
    engine then continues greedily as the HF engine does on the merged model.
-5. ``learners``: DDP and DeepSpeed ZeRO-2 / ZeRO-3 with 2 learners on 2 GPUs, in bf16, end two
+5. ``learner_update`` and ``deepspeed_update``: one update of one learner on the device in bf16
+   (torch AdamW with float32 master weights; DeepSpeed ZeRO-2's bf16 optimizer) against the same
+   update on the CPU in float64 (``learner_precision_tolerances``).
+6. ``learners``: DDP and DeepSpeed ZeRO-2 / ZeRO-3 with 2 learners on 2 GPUs, in bf16, end two
    updates as one learner does (gradient norms, and the weights' updates).
-6. ``learner_memory``: ``learner.memory``'s estimate against the peak CUDA memory
+7. ``learner_memory``: ``learner.memory``'s estimate against the peak CUDA memory
    (``torch.cuda.max_memory_allocated``) of one update.
-7. ``throughput``: tokens/s of sampling (vLLM) and of a training step (one learner).
+8. ``throughput``: tokens/s of sampling (the engine) and of a training step (one learner).
 
 Each check takes the ``Devices`` it runs on: ``GPU`` (cuda, NCCL, vLLM, bf16) is what the command
-runs; ``CPU`` (cpu, gloo, the HF engine, float32, learners on CPU cores) runs the same comparisons
-on a machine without a GPU, which is how the tests run them. Only the gate (``Devices.require``),
-the bf16 support query and the peak CUDA memory are GPU-only.
+runs, ``GPU_HF`` the same with the HF engine (``--engine hf``: one GPU and no vLLM); ``CPU`` (cpu,
+gloo, the HF engine, float32, learners on CPU cores; ``--device cpu``) runs the same comparisons on
+a machine without a GPU, which is how the tests run them. Only the gate (``Devices.require``), the
+bf16 support query and the peak CUDA memory are GPU-only.
 
 Each piece runs in a thread of its own with a time limit, so an exception or a hang in one never
 stops the others (a piece past its limit is reported FAIL and left running in the background; the
@@ -38,7 +43,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 from rllib_arpo.time_limit import call_with_time_limit
@@ -94,12 +100,13 @@ class CheckFailed(Exception):
 
 @dataclass(frozen=True)
 class Piece:
-    """One check: ``check(model)`` returns the measured figures (``model``: a named model or a
-    ``save_pretrained`` directory)."""
+    """One check: ``check(model, devices)`` returns the measured figures (``model``: a named model
+    or a ``save_pretrained`` directory; ``devices``: where it runs, ``Devices``)."""
 
     name: str
-    check: Callable[[str], dict]
+    check: Callable[[str, Devices], dict]
     timeout_s: float
+    needs_ray: bool = False  # it starts learners: ``run_checks`` starts Ray first, in its own thread
 
 
 @dataclass
@@ -120,10 +127,12 @@ def _short(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def run_piece(piece: Piece, model: str) -> PieceResult:
-    """Run ``piece`` in a daemon thread for at most ``piece.timeout_s`` seconds."""
+def run_piece(piece: Piece, model: str, devices: Devices) -> PieceResult:
+    """Run ``piece`` on ``devices`` in a daemon thread for at most ``piece.timeout_s`` seconds."""
     # every failure is reported, none stops the others
-    timed = call_with_time_limit(lambda: piece.check(model), piece.timeout_s, f"check-{piece.name}", BaseException)
+    timed = call_with_time_limit(
+        lambda: piece.check(model, devices), piece.timeout_s, f"check-{piece.name}", BaseException
+    )
     error, seconds = timed.error, timed.seconds
     if timed.timed_out:
         return PieceResult(piece.name, FAIL, f"timed out after {piece.timeout_s:g} s", seconds=seconds)
@@ -136,20 +145,43 @@ def run_piece(piece: Piece, model: str) -> PieceResult:
     return PieceResult(piece.name, PASS, figures=timed.value, seconds=seconds)
 
 
-def run_checks(pieces: list[Piece], model: str, json_path: str | None = None) -> int:
-    """Run every piece, print one line each and a summary, write them to ``json_path``; the exit
+def run_checks(pieces: list[Piece], model: str, json_path: str | None = None, devices: Devices | None = None) -> int:
+    """Run every piece on ``devices`` (default ``GPU``), print one line each and a summary, write
+    them to ``json_path`` (after each piece, so a run cut short keeps what it measured); the exit
     status is 1 if any piece FAILed, else 0."""
+    devices = devices or GPU
     results = []
     for piece in pieces:
-        results.append(run_piece(piece, model))
+        if piece.needs_ray and devices.usable():
+            _start_ray()
+        results.append(run_piece(piece, model, devices))
         print(results[-1].line(), flush=True)
-    counts = {status: sum(r.status == status for r in results) for status in (PASS, FAIL, SKIP)}
+        if json_path:
+            _write_record(json_path, model, devices, results)
+    counts = _counts(results)
     print(f"summary: {counts[PASS]} PASS, {counts[FAIL]} FAIL, {counts[SKIP]} SKIP (model {model})")
-    if json_path:
-        record = {"model": model, "summary": counts, "pieces": [asdict(r) for r in results]}
-        Path(json_path).write_text(json.dumps(record, indent=2) + "\n")
     _shutdown_ray()
     return 1 if counts[FAIL] else 0
+
+
+def _counts(results: list[PieceResult]) -> dict[str, int]:
+    return {status: sum(r.status == status for r in results) for status in (PASS, FAIL, SKIP)}
+
+
+def _write_record(json_path: str, model: str, devices: Devices, results: list[PieceResult]) -> None:
+    record = {"model": model, "devices": asdict(devices), "summary": _counts(results)}
+    record["pieces"] = [asdict(r) for r in results]
+    Path(json_path).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _start_ray() -> None:
+    """Ray, started here unless it runs: in the caller's thread, never a piece's, since Ray's own
+    processes (its GCS, raylet) end with the thread that started them (a parent-death signal), and
+    a piece's thread ends with the piece."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=False)
 
 
 def _shutdown_ray() -> None:
@@ -171,6 +203,7 @@ class Devices:
     backend: str  # the weight broadcast's process group: "nccl" or "gloo"
     engine: str  # the engine compared with the HF engine: "vllm" or "hf"
     dtype: str  # of the engines and the learners: "bfloat16" or "float32"
+    matmul_size: int = MATMUL_SIZE  # of cuda_torch's product (a CPU's takes seconds at a GPU's size)
 
     def require(self, gpus: int = 1, why: str = "", engine: bool = False) -> None:
         """The GPU-only gate: on cuda, ``Skip`` unless ``gpus`` devices are there and, for a piece
@@ -179,6 +212,12 @@ class Devices:
             require_gpus(gpus, why)
             if engine and self.engine == "vllm":
                 require_vllm_on_cuda()
+
+    def usable(self) -> bool:
+        """This machine has the device: the cpu, or cuda where torch finds a GPU."""
+        import torch
+
+        return self.device == "cpu" or torch.cuda.is_available()
 
     @property
     def second_device(self) -> str:
@@ -191,7 +230,24 @@ class Devices:
 
 
 GPU = Devices(device="cuda", backend="nccl", engine="vllm", dtype="bfloat16")
-CPU = Devices(device="cpu", backend="gloo", engine="hf", dtype="float32")
+GPU_HF = replace(GPU, engine="hf")
+CPU = Devices(device="cpu", backend="gloo", engine="hf", dtype="float32", matmul_size=256)
+REFERENCE = CPU  # what a learner's update is checked against, in float64 (``check_learner_update``)
+
+
+def generation_reference(devices: Devices) -> Devices:
+    """What ``engine_generation`` checks the engine of ``devices`` against: the HF engine in the same
+    dtype, beside vLLM on its device, or on the CPU for the HF engine on a GPU (the same code on
+    other kernels)."""
+    return devices if devices.engine == "vllm" else replace(CPU, dtype=devices.dtype)
+
+
+def devices_for(device: str, engine: str) -> Devices:
+    """``rllib check-gpu --device DEVICE --engine ENGINE``: ``GPU`` or ``GPU_HF`` on cuda, ``CPU``
+    (always the HF engine) on cpu."""
+    if device == "cpu":
+        return CPU
+    return GPU if engine == "vllm" else GPU_HF
 
 
 def require_gpus(count: int = 1, why: str = "") -> None:
@@ -228,14 +284,37 @@ def _synchronize(device: str) -> None:
 
 
 def _bf16_matmul(a, b):
-    """The bf16 product that ``check_cuda_torch`` times and measures."""
+    """The low-precision product that ``matmul_rate`` times and measures."""
     return a @ b
 
 
-def check_cuda_torch(model: str, devices: Devices = GPU, size: int = MATMUL_SIZE) -> dict:
-    """A ``size`` x ``size`` matmul in bf16 against float32: relative error (Frobenius) at most
-    ``MATMUL_RTOL``; its TFLOP/s from the median of ``MATMUL_TIMED`` products after
-    ``MATMUL_WARMUPS`` untimed ones."""
+def matmul_rate(device: str, dtype: str, size: int) -> tuple[float, float]:
+    """(TFLOP/s, relative error) of a ``size`` x ``size`` product of random matrices in ``dtype`` on
+    ``device``: the rate from the median of ``MATMUL_TIMED`` products after ``MATMUL_WARMUPS``
+    untimed ones, the error (Frobenius) against the float32 product of the same matrices. The
+    rate is the ceiling a model FLOPs utilisation is taken against (``scripts/bench_learner.py``)."""
+    import torch
+
+    generator = torch.Generator(device).manual_seed(0)
+    a, b = (torch.randn(size, size, device=device, generator=generator) for _ in range(2))
+    expected = a @ b
+    a_low, b_low = a.to(getattr(torch, dtype)), b.to(getattr(torch, dtype))
+    for _ in range(MATMUL_WARMUPS):
+        product = _bf16_matmul(a_low, b_low)
+    seconds = []
+    for _ in range(MATMUL_TIMED):
+        _synchronize(device)
+        start = time.perf_counter()
+        product = _bf16_matmul(a_low, b_low)
+        _synchronize(device)
+        seconds.append(time.perf_counter() - start)
+    error = float((product.float() - expected).norm() / expected.norm())
+    return 2 * size**3 / statistics.median(seconds) / 1e12, error
+
+
+def check_cuda_torch(model: str, devices: Devices = GPU, size: int | None = None) -> dict:
+    """A ``size`` x ``size`` (default ``devices.matmul_size``) matmul in bf16 against float32:
+    relative error (Frobenius) at most ``MATMUL_RTOL``; its TFLOP/s (``matmul_rate``)."""
     devices.require()
     import platform
 
@@ -244,20 +323,7 @@ def check_cuda_torch(model: str, devices: Devices = GPU, size: int = MATMUL_SIZE
     on_cuda = devices.device == "cuda"
     if on_cuda and not torch.cuda.is_bf16_supported():
         raise CheckFailed(f"{torch.cuda.get_device_name()} does not support bfloat16")
-    generator = torch.Generator(devices.device).manual_seed(0)
-    a, b = (torch.randn(size, size, device=devices.device, generator=generator) for _ in range(2))
-    expected = a @ b
-    a16, b16 = a.bfloat16(), b.bfloat16()
-    for _ in range(MATMUL_WARMUPS):
-        product = _bf16_matmul(a16, b16)
-    seconds = []
-    for _ in range(MATMUL_TIMED):
-        _synchronize(devices.device)
-        start = time.perf_counter()
-        product = _bf16_matmul(a16, b16)
-        _synchronize(devices.device)
-        seconds.append(time.perf_counter() - start)
-    error = float((product.float() - expected).norm() / expected.norm())
+    tflops, error = matmul_rate(devices.device, "bfloat16", size or devices.matmul_size)
     if error > MATMUL_RTOL:
         raise CheckFailed(f"bf16 matmul relative error {error:.2e} > {MATMUL_RTOL:g}")
     return {
@@ -266,7 +332,7 @@ def check_cuda_torch(model: str, devices: Devices = GPU, size: int = MATMUL_SIZE
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "bf16_matmul_rel_error": error,
-        "bf16_matmul_tflops": 2 * size**3 / statistics.median(seconds) / 1e12,
+        "bf16_matmul_tflops": tflops,
     }
 
 
@@ -318,10 +384,12 @@ def _running(engine):
             engine.close()
 
 
-def check_vllm_generation(model: str, devices: Devices = GPU, greedy_tokens: int = GREEDY_TOKENS) -> dict:
-    """Greedy continuations of the compared engine (vLLM) and of the HF engine: at least
-    ``SAME_CONTINUATIONS_MIN`` of them token for token alike, and on the tokens before any parting
-    the log-probs within ``LOGPROB_ATOL``."""
+def check_engine_generation(model: str, devices: Devices = GPU, greedy_tokens: int = GREEDY_TOKENS) -> dict:
+    """Greedy continuations of the compared engine (vLLM, or the HF engine) on ``devices`` and of
+    the HF engine in the same dtype (``generation_reference``): at least ``SAME_CONTINUATIONS_MIN``
+    of them token for token alike, and on the tokens before any parting the log-probs within
+    ``LOGPROB_ATOL``. (Against float32 an H200's bf16 HF engine continued 5 of 8 prompts alike on
+    the tiny policy, 0.17 nats apart: bf16's own rounding, not the engine's.)"""
     devices.require(engine=True)
     from rllib_arpo.models.catalogue import resolve_model_path
 
@@ -333,7 +401,7 @@ def check_vllm_generation(model: str, devices: Devices = GPU, greedy_tokens: int
         start = time.perf_counter()
         compared = engine.generate(prompts, _greedy(greedy_tokens))
         seconds = time.perf_counter() - start
-    reference = _hf_engine(devices, path).generate(prompts, _greedy(greedy_tokens))
+    reference = _hf_engine(generation_reference(devices), path).generate(prompts, _greedy(greedy_tokens))
     figures = {"engine_start_s": started, **_greedy_agreement(devices, compared, reference)}
     return {**figures, "greedy_tokens_per_s": sum(len(g.token_ids) for g in compared) / seconds}
 
@@ -350,7 +418,9 @@ def _greedy_agreement(devices: Devices, compared, reference) -> dict:
         gap = max([gap, *(abs(a - b) for a, b in zip(c.logprobs[:shared], r.logprobs[:shared]))])
     figures = {"same_continuations": f"{same}/{len(compared)}", "max_logprob_gap": gap}
     if same < SAME_CONTINUATIONS_MIN * len(compared) or gap > LOGPROB_ATOL:
-        raise CheckFailed(f"{devices.engine} and HF greedy continuations differ: {figures}")
+        raise CheckFailed(
+            f"the {devices.engine} engine and the HF engine it is checked against continue otherwise: {figures}"
+        )
     return figures
 
 
@@ -516,14 +586,12 @@ def _learner_config(model_path: str, num_learners: int, devices: Devices, **lear
 
 def _learner_group(config):
     """The learner group of ``config`` (``ARPOConfig.build_learner_group``, as the algorithm builds it)."""
-    import ray
     from ray.rllib.core import DEFAULT_MODULE_ID
     from transformers import AutoConfig
 
     from rllib_arpo.spaces import placeholder_spaces
 
-    if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False)
+    _start_ray()  # where a test calls a piece directly; ``run_checks`` started it in its own thread
     vocab_size = AutoConfig.from_pretrained(config.model_path).vocab_size
     return config.build_learner_group(spaces={DEFAULT_MODULE_ID: placeholder_spaces(vocab_size)})
 
@@ -549,9 +617,9 @@ def _train_twice(model_path: str, batch, num_learners: int, devices: Devices, **
 
 def update_gap(weights: dict, expected: dict, initial: dict) -> float:
     """How far ``weights`` ended from ``expected``, relative to how far ``expected`` moved from
-    ``initial``: ||w - e|| / ||e - w0|| over all tensors (float32)."""
-    gap = sum(float((weights[k].float() - expected[k].float()).square().sum()) for k in expected)
-    moved = sum(float((expected[k].float() - initial[k].float()).square().sum()) for k in expected)
+    ``initial``: ||w - e|| / ||e - w0|| over all tensors (in float64)."""
+    gap = sum(float((weights[k].double() - expected[k].double()).square().sum()) for k in expected)
+    moved = sum(float((expected[k].double() - initial[k].double()).square().sum()) for k in expected)
     return (gap / moved) ** 0.5
 
 
@@ -611,6 +679,123 @@ def check_learners(model: str, devices: Devices = GPU, layouts: dict = LEARNER_L
     return figures
 
 
+# A product under autocast rounds its two inputs to the dtype (up to u each, u its unit roundoff)
+# and sums K terms in float32 (about sqrt(K) float32 roundoffs); a gradient is the end of a chain
+# of such products, forward and backward through every layer, whose independent errors add in
+# quadrature
+PRODUCTS_PER_LAYER = 9  # q, k, v, o, gate, up, down, and attention's two (Q K^T and A V)
+
+
+def learner_precision_tolerances(dtype: str, num_layers: int, inner_size: int) -> tuple[float, float]:
+    """The largest gradient-norm relative gap and ``update_gap`` of one learner's update in
+    ``dtype`` against the same update in float64.
+
+    A gradient passes forward and backward through P = 2 (``PRODUCTS_PER_LAYER`` L + 1) products
+    (L layers and the head), each erring by about p = 2 u + sqrt(K) u_32 relative (u: the dtype's
+    unit roundoff, 2^-8 in bf16; u_32 = 2^-24; K: the widest inner dimension), so the gradient
+    errs by e = p sqrt(P), and so does its norm. AdamW's first step moves a weight by about lr
+    sign(g) (its moments are g and g^2), so only weights whose gradient lies within e (relative to
+    its RMS) of zero may step the other way: a fraction of at most e, since a gradient element's
+    density near zero is at most 1 / its RMS (a Gaussian's: 0.4), and their flipped steps make a
+    gap of at most 2 sqrt(e) (as in ``learner_tolerances``). On the 2-layer tiny policy (K = 256):
+    bf16 4.8e-2 and 0.44 (measured on a CPU: 6.0e-3 and 0.20); float32 6.6e-6 and 5.1e-3 (9.1e-7
+    and 4.0e-4). A learner that trains on half the batch: about 0.7."""
+    import torch
+
+    unit_roundoff = torch.finfo(getattr(torch, dtype)).eps / 2
+    float32_roundoff = torch.finfo(torch.float32).eps / 2
+    per_product = 2 * unit_roundoff + inner_size**0.5 * float32_roundoff
+    error = per_product * (2 * (PRODUCTS_PER_LAYER * num_layers + 1)) ** 0.5
+    return error, 2 * error**0.5
+
+
+UPDATE_LAYOUTS = {"torch": {}, "zero2": {"learner_backend": "deepspeed", "zero_stage": 2}}
+"""The learners ``learner_update`` (``torch``) and ``deepspeed_update`` (``zero2``) check."""
+
+
+def _trained_weights(learner) -> dict:
+    """The learner's trained weights as CPU tensors in their master precision: DeepSpeed's float32
+    copies (its module holds the bf16 ones), else the module's own."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    parameters = dict(learner.module[DEFAULT_MODULE_ID].named_parameters())
+    if getattr(learner, "engines", None):
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        return {name: safe_get_full_fp32_param(p).detach().cpu().clone() for name, p in parameters.items()}
+    return {name: p.detach().cpu().clone() for name, p in parameters.items()}
+
+
+def _in_float64(learner) -> None:
+    """The learner's module in float64, computed in float64 (no autocast); its AdamW holds the same
+    parameters, so its moments are float64 too."""
+    import torch
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    module = learner.module[DEFAULT_MODULE_ID].unwrapped()
+    module.double()
+    module.compute_dtype = torch.float64
+
+
+def _one_update(
+    model_path: str, batch, devices: Devices, float64: bool = False, **learners
+) -> tuple[dict, dict, float]:
+    """(weights before, weights after, global gradient norm) of one update of a local learner
+    (``num_learners: 0``, in this process) on ``devices``, or in float64 on the CPU."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    from rllib_arpo.learner.group import update_learners
+
+    config = _learner_config(model_path, 0, REFERENCE if float64 else devices, **learners)
+    group = _learner_group(config)
+    try:
+        if float64:
+            group.foreach_learner(_in_float64)
+        [before] = [result.get() for result in group.foreach_learner(_trained_weights)]
+        [results, *_] = update_learners(group, batch, config)
+        [after] = [result.get() for result in group.foreach_learner(_trained_weights)]
+        return before, after, float(results[DEFAULT_MODULE_ID]["gradients_default_optimizer_global_norm"].peek())
+    finally:
+        group.shutdown()
+
+
+def check_learner_update(model: str, devices: Devices = GPU, layout: str = "torch") -> dict:
+    """One update of one learner of ``layout`` (``UPDATE_LAYOUTS``) on ``devices`` in their dtype
+    against the same update of one torch learner on the CPU in float64: the gradient norm and the
+    weights' update (``update_gap`` of each one's move from where it started) within
+    ``learner_precision_tolerances``, and the learner's trained weights before the update exactly
+    those loaded (``start_gap`` 0: how far they were, in units of the update; DeepSpeed's bf16
+    optimizer made its float32 master weights from the bf16-rounded ones, 1.1 updates away on an
+    H200 at lr 1e-4, until ``deepspeed_learner`` set them)."""
+    devices.require()
+    options = UPDATE_LAYOUTS[layout]
+    if options.get("learner_backend") == "deepspeed":
+        require_package("deepspeed")
+    from transformers import AutoConfig
+
+    from rllib_arpo.models.catalogue import resolve_model_path
+
+    path = resolve_model_path(model)
+    batch = _training_batch(path)
+    initial, expected, expected_norm = _one_update(path, batch, devices, float64=True)
+    start, weights, norm = _one_update(path, batch, devices, **options)
+    # each learner's own move: DeepSpeed's bf16 master weights start from the weights rounded to bf16
+    moved = {name: weights[name].double() - start[name].double() + initial[name].double() for name in expected}
+    shape = AutoConfig.from_pretrained(path)
+    norm_rtol, gap_max = learner_precision_tolerances(devices.dtype, shape.num_hidden_layers, shape.intermediate_size)
+    figures = {
+        "dtype": devices.dtype,
+        "grad_norm_rel_gap": abs(norm - expected_norm) / expected_norm,
+        "update_gap": update_gap(moved, expected, initial),
+        "grad_norm_rtol": norm_rtol,
+        "update_gap_max": gap_max,
+        "start_gap": update_gap(start, initial, expected),
+    }
+    if figures["grad_norm_rel_gap"] > norm_rtol or figures["update_gap"] > gap_max or figures["start_gap"] > 0:
+        raise CheckFailed(f"the {layout} learner's update in {devices.dtype} differs from float64's: {figures}")
+    return figures
+
+
 def _peak_cuda_bytes(_learner) -> int:
     import torch
 
@@ -628,18 +813,20 @@ def compare_memory(peak: int, estimate: int) -> dict:
     return figures
 
 
-def check_learner_memory(model: str) -> dict:
+def check_learner_memory(model: str, devices: Devices = GPU) -> dict:
     """One update of one learner: its peak CUDA memory against the estimate
     (``learner.memory.learner_memory_of_config``), by ``compare_memory``. The peak is CUDA's
     allocator's, so this piece runs on a GPU only."""
-    GPU.require()
+    if devices.device != "cuda":
+        raise Skip("the peak is CUDA's allocator's: measured on a GPU only")
+    devices.require()
     from rllib_arpo.learner.group import update_learners
     from rllib_arpo.learner.memory import learner_memory_of_config
     from rllib_arpo.models.catalogue import resolve_model_path
 
     path = resolve_model_path(model)
     batch = _training_batch(path)
-    config = _learner_config(path, 1, GPU)
+    config = _learner_config(path, 1, devices)
     group = _learner_group(config)
     try:
         update_learners(group, batch, config)
@@ -691,11 +878,13 @@ PIECES = {
     piece.name: piece
     for piece in (
         Piece("cuda_torch", check_cuda_torch, timeout_s=60),
-        Piece("vllm_generation", check_vllm_generation, timeout_s=300),
+        Piece("engine_generation", check_engine_generation, timeout_s=300),
         Piece("nccl_broadcast", check_nccl_broadcast, timeout_s=420),
         Piece("lora_sync", check_lora_sync, timeout_s=300),
-        Piece("learners", check_learners, timeout_s=600),
-        Piece("learner_memory", check_learner_memory, timeout_s=300),
-        Piece("throughput", check_throughput, timeout_s=300),
+        Piece("learner_update", check_learner_update, timeout_s=300, needs_ray=True),
+        Piece("deepspeed_update", partial(check_learner_update, layout="zero2"), timeout_s=300, needs_ray=True),
+        Piece("learners", check_learners, timeout_s=600, needs_ray=True),
+        Piece("learner_memory", check_learner_memory, timeout_s=300, needs_ray=True),
+        Piece("throughput", check_throughput, timeout_s=300, needs_ray=True),
     )
 }

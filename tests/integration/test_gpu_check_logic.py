@@ -1,11 +1,14 @@
 """``rllib check-gpu``'s pieces that need Ray, on ``CPU``: 2 DDP learners (gloo, a CPU core each)
-against one, and the throughput piece with the HF engine and a CPU learner."""
+against one, one learner's update (torch, DeepSpeed ZeRO-2) against float64's, and the throughput
+piece with the HF engine and a CPU learner."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from rllib_arpo.gpu_check import CPU, CheckFailed, check_learners, check_throughput
+from rllib_arpo.gpu_check import CPU, CheckFailed, check_learner_update, check_learners, check_throughput
 
 
 def test_two_learners_that_update_as_one_pass(ray_session, tiny_model_path):
@@ -29,3 +32,37 @@ def test_throughput_counts_the_tokens_it_times(ray_session, tiny_model_path):
     assert 0 < figures["sampled_tokens"] <= 8 * 16  # 8 prompts, up to 16 tokens each
     assert figures["trained_tokens"] == 8 * 96  # every response token of the 8 rows
     assert figures["sampling_tokens_per_s"] > 0 and figures["training_tokens_per_s"] > 0
+
+
+def test_a_learner_update_in_float32_is_float64s_within_float32s_rounding(ray_session, tiny_model_path):
+    for layout in ("torch", "zero2"):  # one torch learner, one DeepSpeed ZeRO-2 learner
+        figures = check_learner_update(tiny_model_path, CPU, layout=layout)
+        # not 0: the reference really ran in float64 (the same dtype twice would agree bit for bit)
+        assert 0 < figures["grad_norm_rel_gap"] <= figures["grad_norm_rtol"] == pytest.approx(6.61e-6, rel=1e-3)
+        assert 0 < figures["update_gap"] <= figures["update_gap_max"] == pytest.approx(5.14e-3, rel=1e-3)
+        assert figures["start_gap"] == 0.0
+
+
+def test_deepspeed_in_bfloat16_starts_from_the_weights_loaded(ray_session, tiny_model_path):
+    """DeepSpeed's bf16 optimizer makes its float32 master weights from the bf16-rounded module
+    (1.07 updates away from the weights loaded at lr 1e-4, first seen on an H200) unless the
+    learner sets them (``deepspeed_learner._set_master_weights``); its update is then the torch
+    learner's to bf16's rounding."""
+    figures = check_learner_update(tiny_model_path, replace(CPU, dtype="bfloat16"), layout="zero2")
+    assert figures["start_gap"] == 0.0
+    assert figures["update_gap"] <= figures["update_gap_max"] == pytest.approx(0.439, rel=1e-3)
+
+
+def test_a_learner_that_trains_on_half_the_batch_fails(ray_session, tiny_model_path, monkeypatch):
+    from rllib_arpo import gpu_check
+
+    one_update = gpu_check._one_update
+
+    def compared_on_half_the_rows(path, batch, devices, float64=False, **learners):
+        if not float64:
+            batch = {key: value[: len(value) // 2] for key, value in batch.items()}
+        return one_update(path, batch, devices, float64, **learners)
+
+    monkeypatch.setattr(gpu_check, "_one_update", compared_on_half_the_rows)
+    with pytest.raises(CheckFailed, match="the torch learner's update in float32 differs from float64's"):
+        check_learner_update(tiny_model_path, CPU)

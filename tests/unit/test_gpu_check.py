@@ -27,9 +27,9 @@ from rllib_arpo.gpu_check import (
     Piece,
     Skip,
     check_cuda_torch,
+    check_engine_generation,
     check_lora_sync,
     check_nccl_broadcast,
-    check_vllm_generation,
     compare_memory,
     run_checks,
     run_piece,
@@ -48,8 +48,8 @@ def test_check_gpu_without_a_gpu_skips_every_piece(tmp_path, capsys):
     assert [p["piece"] for p in record["pieces"]] == list(PIECES)
     assert {p["status"] for p in record["pieces"]} == {"SKIP"}
     assert {p["reason"] for p in record["pieces"]} == {"no CUDA device: torch.cuda.is_available() is False"}
-    assert record["summary"] == {"PASS": 0, "FAIL": 0, "SKIP": 7}
-    assert capsys.readouterr().out.splitlines()[-1] == "summary: 0 PASS, 0 FAIL, 7 SKIP (model tiny)"
+    assert record["summary"] == {"PASS": 0, "FAIL": 0, "SKIP": 9}
+    assert capsys.readouterr().out.splitlines()[-1] == "summary: 0 PASS, 0 FAIL, 9 SKIP (model tiny)"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the piece runs for real")
@@ -66,24 +66,24 @@ def test_check_gpu_rejects_an_unknown_piece(capsys):
     assert "invalid choice: 'flash_attention'" in capsys.readouterr().err
 
 
-def _figures(model):
+def _figures(model, devices):
     return {"model": model, "tokens_per_s": 12.5}
 
 
-def _raises(model):
+def _raises(model, devices):
     raise RuntimeError("CUDA error: an illegal memory access")
 
 
-def _fails(model):
+def _fails(model, devices):
     raise CheckFailed("greedy tokens differ")
 
 
-def _skips(model):
+def _skips(model, devices):
     raise Skip("needs 2 GPUs, found 1")
 
 
 def test_each_outcome_of_a_piece_is_reported():
-    outcomes = {name: run_piece(Piece(name, check, 5), "tiny") for name, check in
+    outcomes = {name: run_piece(Piece(name, check, 5), "tiny", CPU) for name, check in
                 [("ok", _figures), ("skips", _skips), ("fails", _fails), ("raises", _raises)]}  # fmt: skip
     assert {name: (r.status, r.reason, r.figures) for name, r in outcomes.items()} == {
         "ok": ("PASS", "", {"model": "tiny", "tokens_per_s": 12.5}),
@@ -96,7 +96,7 @@ def test_each_outcome_of_a_piece_is_reported():
 
 def test_a_piece_past_its_time_limit_fails_and_the_others_still_run(tmp_path, capsys):
     release = threading.Event()
-    hangs = Piece("hangs", lambda model: release.wait(60), timeout_s=0.2)
+    hangs = Piece("hangs", lambda model, devices: release.wait(60), timeout_s=0.2)
     pieces = [Piece("raises", _raises, 5), hangs, Piece("ok", _figures, 5), Piece("skips", _skips, 5)]
     try:
         status = run_checks(pieces, "tiny", str(tmp_path / "results.json"))
@@ -179,15 +179,18 @@ def test_the_matmul_tflops_leave_out_the_warm_up_and_take_the_median(monkeypatch
 
 
 def test_engines_that_continue_alike_pass(lively_model_dir):
-    figures = check_vllm_generation(lively_model_dir, CPU, greedy_tokens=GREEDY_TOKENS)
+    figures = check_engine_generation(lively_model_dir, CPU, greedy_tokens=GREEDY_TOKENS)
     # two HF engines on the same weights and batch: the same computation, bit for bit
     assert (figures["same_continuations"], figures["max_logprob_gap"]) == ("8/8", 0.0)
 
 
 def test_an_engine_that_continues_otherwise_fails(lively_model_dir, perturbed_dir, monkeypatch):
     monkeypatch.setattr(gpu_check, "_compared_engine", lambda devices, path: HFEngine.from_pretrained(perturbed_dir))
-    with pytest.raises(CheckFailed, match="hf and HF greedy continuations differ: .*'same_continuations': '0/8'"):
-        check_vllm_generation(lively_model_dir, CPU, greedy_tokens=GREEDY_TOKENS)
+    with pytest.raises(
+        CheckFailed,
+        match="the hf engine and the HF engine it is checked against continue otherwise: .*'same_continuations': '0/8'",
+    ):
+        check_engine_generation(lively_model_dir, CPU, greedy_tokens=GREEDY_TOKENS)
 
 
 def test_an_adapter_sync_continues_as_the_merged_model(lively_model_dir):
