@@ -6,12 +6,28 @@ micro-batches; on the same batch, every learner a Ray actor of its own.
     python scripts/bench_learner.py --model-path tiny --layouts torch-1 ddp-2 zero2-2 zero3-2 --rows 16
     python scripts/bench_learner.py --model-path tiny smollm2-135m --layouts torch-1 \
         --packing padded packed tree --rollouts tuned_examples/arpo_tiny.yaml --rollout-prompts 4
+    python scripts/bench_learner.py --model-path qwen2.5-0.5b-shape qwen2.5-1.5b-shape --device cuda \
+        --dtype bfloat16 --layouts torch-1 --packing padded tree --rows 64 --group-size 8 \
+        --prompt-tokens 64 --response-tokens 448 --shared-tokens 128 --micro-batch-size 16 \
+        --micro-batch-tokens 16384 --json learner.json       # on one GPU (scripts/gpu_check.sh)
 
 A case is a model, a ``Layout`` (how the learners hold the policy) and a ``BatchShape`` (how the
 batch is made and laid out); each gets fresh learner processes, one warm-up update, then the
 median of ``--repeats`` updates. tokens/s counts trained tokens (the loss mask), summed over the
 learners; peak memory is each learner process's peak resident set (``ru_maxrss``, the model load
-included) beside ``learner.memory``'s estimate of the learner's own state.
+included), or on a GPU (``--device cuda``, a GPU per learner) its peak CUDA memory
+(``torch.cuda.max_memory_allocated``), beside ``learner.memory``'s estimate of the learner's own
+state. ``--dtype``: the learner's compute dtype (bfloat16: float32 master weights, the products
+under autocast).
+
+Model FLOPs utilisation (MFU): the model FLOPs of an update, 6 N per token laid out (N: the
+weights of every matrix product, the output head included, the embedding lookup not; forward 2 N,
+backward 4 N; attention's own products, a few percent at these lengths, left out), per second,
+against the matrix-multiply rate measured in the same run on the same device in the same dtype
+(``gpu_check.matmul_rate``; on a CPU with as many threads as a learner has), per learner.
+
+Models: a named model or ``save_pretrained`` directory, or a shape of ``MODEL_SHAPES`` (random
+weights, the named model's config: nothing is downloaded), saved once per run.
 
 Batches: random tokens, ``--shared-tokens`` of each row's response shared by the rows of its
 prompt group (``--group-size`` rows share the prompt too, as a GRPO group or an ARPO tree
@@ -24,8 +40,10 @@ makes them. Add a batch shape by adding a ``BatchShape`` field and a branch in `
 from __future__ import annotations
 
 import argparse
+import json
 import resource
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -36,6 +54,16 @@ import numpy as np
 import ray
 
 GIB = 1024**3
+MODEL_SHAPES = {
+    # Qwen2.5-0.5B-Instruct's and Qwen2.5-1.5B-Instruct's config.json: their shapes, random weights
+    "qwen2.5-0.5b-shape": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+                           "num_attention_heads": 14, "num_key_value_heads": 2},
+    "qwen2.5-1.5b-shape": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+                           "num_attention_heads": 12, "num_key_value_heads": 2},
+}  # fmt: skip
+QWEN2_5_COMMON = {"vocab_size": 151936, "tie_word_embeddings": True, "max_position_embeddings": 32768,
+                  "rms_norm_eps": 1e-6}  # fmt: skip
+MATMUL_SIZE = {"cuda": 8192, "cpu": 1024}  # the product the MFU's ceiling is measured on (``--matmul-size``)
 
 
 @dataclass(frozen=True)
@@ -170,13 +198,47 @@ def batch_tokens(batch: dict[str, np.ndarray], packing: str) -> int:
 @dataclass
 class Measurement:
     tokens_per_s: float
-    peak_rss_gib: list[float]
+    peak_rss_gib: list[float]  # per learner: its process's peak resident set, or on a GPU its peak CUDA memory
     estimate_gib: float
     probed: Any = None
+    seconds: float = 0.0  # the median update's
 
 
 def _peak_rss_gib(_learner) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
+
+
+def _peak_cuda_gib(_learner) -> float:
+    import torch
+
+    return torch.cuda.max_memory_allocated() / GIB
+
+
+def shaped_model_dir(name: str, directory: str) -> str:
+    """A ``save_pretrained`` directory under ``directory`` of a Qwen2 model of ``MODEL_SHAPES[name]``
+    with random weights in bfloat16 (built on the GPU where there is one), made once."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    path = Path(directory) / name
+    if not (path / "config.json").is_file():
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        with torch.device(device):
+            model = Qwen2ForCausalLM(Qwen2Config(**QWEN2_5_COMMON, **MODEL_SHAPES[name])).to(torch.bfloat16)
+        model.save_pretrained(path)
+        del model
+    return str(path)
+
+
+def product_weights(model_path: str) -> int:
+    """N: the weights of every matrix product of the model (its linear layers, the output head
+    included even where it shares the embedding's weights), counted on the meta device."""
+    import torch
+
+    from rllib_arpo.models.catalogue import empty_model
+
+    modules = empty_model(model_path).modules()
+    return sum(module.weight.numel() for module in modules if isinstance(module, torch.nn.Linear))
 
 
 def measure(
@@ -189,11 +251,13 @@ def measure(
     cpus_per_learner: int = 1,
     fields: dict | None = None,
     probe: Callable | None = None,
+    device: str = "cpu",
 ) -> Measurement:
     """Trained tokens/s and peak memory of ``layout``'s learners on ``batch`` in ``dtype`` (with
     float32 master weights where it is another), each learner with ``cpus_per_learner`` CPUs (Ray
-    gives its process as many torch threads). ``fields``: further config fields (``kl_coef``, ...);
-    ``probe(learner_group)``: called after the timed updates, its result kept as ``probed``."""
+    gives its process as many torch threads) and on ``device`` ``cuda`` a GPU. ``fields``: further
+    config fields (``kl_coef``, ...); ``probe(learner_group)``: called after the timed updates, its
+    result kept as ``probed``."""
     from ray.rllib.core import DEFAULT_MODULE_ID
 
     from rllib_arpo.algorithm import ARPOConfig
@@ -209,6 +273,7 @@ def measure(
         .training(lr=1e-6, micro_batch_size=shape.micro_batch_size)
         .learners(
             num_cpus_per_learner=cpus_per_learner,
+            num_gpus_per_learner=1 if device == "cuda" else 0,
             packing=shape.packing,
             micro_batch_tokens=shape.micro_batch_tokens,
             **layout.config_fields(),
@@ -227,18 +292,19 @@ def measure(
             start = time.perf_counter()
             update_learners(group, batch, config)
             seconds.append(time.perf_counter() - start)
-        peaks = [r.get() for r in group.foreach_learner(_peak_rss_gib)]
+        peaks = [r.get() for r in group.foreach_learner(_peak_cuda_gib if device == "cuda" else _peak_rss_gib)]
         probed = probe(group) if probe is not None else None
     finally:
         group.shutdown()
     length = batch["input_ids"].shape[1]
     estimate = learner_memory_of_config(config, sequence_length=length).total / GIB
-    return Measurement(tokens / statistics.median(seconds), peaks, estimate, probed)
+    median = statistics.median(seconds)
+    return Measurement(tokens / median, peaks, estimate, probed, median)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-path", nargs="+", default=["tiny", "smollm2-135m"])
+    parser.add_argument("--model-path", nargs="+", default=["tiny", "smollm2-135m"], help=f"or {list(MODEL_SHAPES)}")
     parser.add_argument("--layouts", nargs="+", default=["torch-1", "ddp-2", "zero2-1", "zero2-2"], choices=LAYOUTS)
     parser.add_argument("--packing", nargs="+", default=["padded"], choices=["padded", "packed", "tree"])
     parser.add_argument("--rows", type=int, default=8)
@@ -251,6 +317,11 @@ def main() -> None:
     parser.add_argument("--rollouts", help="a tuned-example YAML: the batch of one real sampling step of it")
     parser.add_argument("--rollout-prompts", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: a GPU per learner")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--cpus-per-learner", type=int, default=1)
+    parser.add_argument("--matmul-size", type=int, help=f"the MFU's ceiling product (default {MATMUL_SIZE})")
+    parser.add_argument("--json", help="write the rows to this file")
     args = parser.parse_args()
     shape = BatchShape(
         rows=args.rows,
@@ -263,34 +334,72 @@ def main() -> None:
         rollouts=args.rollouts,
         rollout_prompts=args.rollout_prompts,
     )
+    size = args.matmul_size or MATMUL_SIZE[args.device]
+    peak_tflops = matmul_ceiling(args.device, args.dtype, size, args.cpus_per_learner)
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     print(
         f"micro-batches of {shape.micro_batch_size} rows (padded) or {shape.micro_batch_tokens} tokens (packed, "
-        f"tree), median of {args.repeats} updates"
+        f"tree), median of {args.repeats} updates, {args.dtype} on {args.device}; MFU against "
+        f"{peak_tflops:.4g} TFLOP/s, this device's {args.dtype} matrix product"
     )
     print(
         "| model | batch | layout | packing | learners | trained tokens | tokens laid out | trained tokens/s "
-        "| vs first | peak RSS per learner (GiB) | estimate (GiB) |"
+        "| vs first | MFU | peak memory per learner (GiB) | estimate (GiB) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for model_path in args.model_path:
-        batch = batch_of(shape, model_path)
-        rows, length = batch["input_ids"].shape
-        described = f"{rows} rows <= {length} tokens" + (f", {Path(shape.rollouts).stem}" if shape.rollouts else "")
-        first = None
-        for name in args.layouts:
-            layout = LAYOUTS[name]
-            for packing in args.packing:
-                result = measure(model_path, layout, replace(shape, packing=packing), batch, args.repeats)
-                first = first or result.tokens_per_s
-                peaks = ", ".join(f"{peak:.2f}" for peak in result.peak_rss_gib)
-                print(
-                    f"| {model_path} | {described} | {layout.name} | {packing} | {layout.num_learners} | "
-                    f"{int(batch['loss_mask'].sum())} | {batch_tokens(batch, packing)} | {result.tokens_per_s:.0f} | "
-                    f"{result.tokens_per_s / first:.2f}x | {peaks} | {result.estimate_gib:.2f} |",
-                    flush=True,
-                )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    records = []
+    with tempfile.TemporaryDirectory(prefix="bench-learner-") as shapes_dir:
+        for model_name in args.model_path:
+            model_path = shaped_model_dir(model_name, shapes_dir) if model_name in MODEL_SHAPES else model_name
+            batch = batch_of(shape, model_path)
+            rows, length = batch["input_ids"].shape
+            described = f"{rows} rows <= {length} tokens" + (f", {Path(shape.rollouts).stem}" if shape.rollouts else "")
+            flops_per_token = 6 * product_weights(model_path)
+            first = None
+            for name in args.layouts:
+                layout = LAYOUTS[name]
+                for packing in args.packing:
+                    result = measure(
+                        model_path, layout, replace(shape, packing=packing), batch, args.repeats,
+                        dtype=args.dtype, cpus_per_learner=args.cpus_per_learner, device=args.device,
+                    )  # fmt: skip
+                    first = first or result.tokens_per_s
+                    laid_out = batch_tokens(batch, packing)
+                    mfu = flops_per_token * laid_out / result.seconds / (layout.num_learners * peak_tflops * 1e12)
+                    peaks = ", ".join(f"{peak:.2f}" for peak in result.peak_rss_gib)
+                    print(
+                        f"| {model_name} | {described} | {layout.name} | {packing} | {layout.num_learners} | "
+                        f"{int(batch['loss_mask'].sum())} | {laid_out} | {result.tokens_per_s:.0f} | "
+                        f"{result.tokens_per_s / first:.2f}x | {mfu:.1%} | {peaks} | {result.estimate_gib:.2f} |",
+                        flush=True,
+                    )
+                    records.append(
+                        {"model": model_name, "batch": described, "layout": layout.name, "packing": packing,
+                         "learners": layout.num_learners, "trained_tokens": int(batch["loss_mask"].sum()),
+                         "tokens_laid_out": laid_out, "trained_tokens_per_s": result.tokens_per_s,
+                         "update_s": result.seconds, "mfu": mfu, "peak_memory_gib": result.peak_rss_gib,
+                         "estimate_gib": result.estimate_gib}
+                    )  # fmt: skip
+                    if args.json:  # after each row: a run cut short keeps the rows it measured
+                        setting = {"device": args.device, "dtype": args.dtype, "matmul_tflops": peak_tflops}
+                        Path(args.json).write_text(json.dumps({**setting, "rows": records}, indent=2) + "\n")
     ray.shutdown()
+
+
+def matmul_ceiling(device: str, dtype: str, size: int, cpu_threads: int) -> float:
+    """TFLOP/s of a ``size``^3 product in ``dtype`` on ``device`` (``gpu_check.matmul_rate``); on a CPU
+    with ``cpu_threads`` torch threads, as a learner has."""
+    import torch
+
+    from rllib_arpo.gpu_check import matmul_rate
+
+    threads = torch.get_num_threads()
+    if device == "cpu":
+        torch.set_num_threads(cpu_threads)
+    try:
+        return matmul_rate(device, dtype, size)[0]
+    finally:
+        torch.set_num_threads(threads)
 
 
 def batch_of(shape: BatchShape, model_path: str) -> dict[str, np.ndarray]:
