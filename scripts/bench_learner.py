@@ -25,6 +25,10 @@ weights of every matrix product, the output head included, the embedding lookup 
 backward 4 N; attention's own products, a few percent at these lengths, left out), per second,
 against the matrix-multiply rate measured in the same run on the same device in the same dtype
 (``gpu_check.matmul_rate``; on a CPU with as many threads as a learner has), per learner.
+``--profile N``: one more update of a one-learner case under torch's profiler, its top N operators
+by their own time (what stands between the MFU and the ceiling). ``--fields``: more config fields,
+e.g. RLlib's ``{"torch_compile_learner": true, "torch_compile_learner_what_to_compile":
+"forward_train"}`` (``torch.compile`` of the module's training forward).
 
 Models: a named model or ``save_pretrained`` directory, or a shape of ``MODEL_SHAPES`` (random
 weights, the named model's config: nothing is downloaded), saved once per run.
@@ -322,6 +326,8 @@ def main() -> None:
     parser.add_argument("--cpus-per-learner", type=int, default=1)
     parser.add_argument("--matmul-size", type=int, help=f"the MFU's ceiling product (default {MATMUL_SIZE})")
     parser.add_argument("--json", help="write the rows to this file")
+    parser.add_argument("--fields", type=json.loads, default={}, help="JSON: more config fields for every case")
+    parser.add_argument("--profile", type=int, default=0, help="one more update under torch's profiler: top N ops")
     args = parser.parse_args()
     shape = BatchShape(
         rows=args.rows,
@@ -359,9 +365,11 @@ def main() -> None:
             for name in args.layouts:
                 layout = LAYOUTS[name]
                 for packing in args.packing:
+                    probe = profile_update(batch, args.profile) if args.profile and layout.num_learners == 1 else None
                     result = measure(
                         model_path, layout, replace(shape, packing=packing), batch, args.repeats,
-                        dtype=args.dtype, cpus_per_learner=args.cpus_per_learner, device=args.device,
+                        dtype=args.dtype, cpus_per_learner=args.cpus_per_learner, fields=args.fields,
+                        probe=probe, device=args.device,
                     )  # fmt: skip
                     first = first or result.tokens_per_s
                     laid_out = batch_tokens(batch, packing)
@@ -378,12 +386,45 @@ def main() -> None:
                          "learners": layout.num_learners, "trained_tokens": int(batch["loss_mask"].sum()),
                          "tokens_laid_out": laid_out, "trained_tokens_per_s": result.tokens_per_s,
                          "update_s": result.seconds, "mfu": mfu, "peak_memory_gib": result.peak_rss_gib,
-                         "estimate_gib": result.estimate_gib}
+                         "estimate_gib": result.estimate_gib, "profile": result.probed}
                     )  # fmt: skip
+                    if result.probed:
+                        print(
+                            f"\n{model_name}, {packing}: one update's top {args.profile} operators\n{result.probed}\n"
+                        )
                     if args.json:  # after each row: a run cut short keeps the rows it measured
                         setting = {"device": args.device, "dtype": args.dtype, "matmul_tflops": peak_tflops}
                         Path(args.json).write_text(json.dumps({**setting, "rows": records}, indent=2) + "\n")
     ray.shutdown()
+
+
+def profile_update(batch: dict[str, np.ndarray], top: int) -> Callable:
+    """A ``measure`` probe: one more update of a single learner under torch's profiler, in the
+    learner's process; the ``top`` operators by their own time (CPU's, or CUDA's on a GPU), as the
+    profiler's table."""
+    from rllib_arpo.algorithm import ARPOConfig
+    from rllib_arpo.learner.group import epoch_options
+
+    options = epoch_options(ARPOConfig(), len(batch["loss_mask"]))
+
+    def profiled(learner) -> str:
+        import torch
+        from ray.rllib.core import DEFAULT_MODULE_ID
+        from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+
+        on_cuda = learner.device.type == "cuda"
+        activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if on_cuda else [])
+        tokens = int(batch["loss_mask"].sum())
+        with torch.profiler.profile(activities=activities) as profile:
+            learner.update(batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(batch)}, tokens), **options)
+        sort = "self_cuda_time_total" if on_cuda else "self_cpu_time_total"
+        return profile.key_averages().table(sort_by=sort, row_limit=top)
+
+    def probe(group) -> str:
+        [table] = [result.get() for result in group.foreach_learner(profiled)]
+        return table
+
+    return probe
 
 
 def matmul_ceiling(device: str, dtype: str, size: int, cpu_threads: int) -> float:

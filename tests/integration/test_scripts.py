@@ -92,12 +92,19 @@ def test_bench_pipeline_compares_synchronous_and_pipelined_steps(tiny_policy_cac
 def test_bench_learner_prints_a_row_per_layout(tiny_policy_cache):
     out = run_script(
         "bench_learner.py", "--model-path", "tiny", "--layouts", "torch-1", "--packing", "padded", "tree",
-        "--rows", "2", "--group-size", "2", "--response-tokens", "16", "--repeats", "1", cache=tiny_policy_cache,
+        "--rows", "2", "--group-size", "2", "--response-tokens", "16", "--repeats", "1", "--profile", "3",
+        cache=tiny_policy_cache,
     )  # fmt: skip
     rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| tiny |")]
     assert [(r[2].strip(), r[3].strip()) for r in rows] == [("torch-1", "padded"), ("torch-1", "tree")]
     # both train the same 2 x 16 response tokens; the tree lays the 2 rows' shared 32-token prompt out once
     assert [int(r[5]) for r in rows] == [32, 32] and [int(r[6]) for r in rows] == [96, 64]
+    # --profile: each packing's extra update under the profiler, its 3 costliest operators by own time
+    tables = re.findall(r"tiny, (\w+): one update's top 3 operators\n(.+?)\n\n", out, re.DOTALL)
+    assert [packing for packing, _ in tables] == ["padded", "tree"]
+    for _, table in tables:
+        [header] = [line for line in table.splitlines() if "Self CPU %" in line]
+        assert len(re.findall(r"^\s*aten::\S+", table, re.MULTILINE)) == 3
 
 
 def test_bench_lora_compares_lora_with_full_fine_tuning(tiny_policy_cache, tmp_path):
@@ -280,5 +287,8 @@ def test_bench_report_measures_the_saved_trees_the_build_and_the_page_load(chrom
     figures = json.loads((tmp_path / "b.json").read_text())
     assert (figures["iterations_with_trees"], figures["trees"]) == (2, 4)
     assert figures["saved_trees_bytes"] == (tmp_path / "rollout_trees.jsonl").stat().st_size
-    assert figures["page_bytes"] == (tmp_path / "report.html").stat().st_size and figures["render_ms"] >= 0
-    assert "load in Chromium (median of 1)" in out
+    assert figures["page_bytes"] == (tmp_path / "report.html").stat().st_size
+    # the page drew its trees (it sets window.renderMs when done; a page that failed leaves it undefined)
+    assert isinstance(figures["render_ms"], int | float) and not isinstance(figures["render_ms"], bool)
+    assert f"load in Chromium (median of 1): load event {figures['load_event_ms']:.0f} ms, drawn in " in out
+    assert f"drawn in {figures['render_ms']:.0f} ms" in out
