@@ -272,6 +272,50 @@ def test_a_misbehaving_step_ends_its_trajectory_with_an_error_and_the_rest_go_on
     assert (stats.errors, stats.timeouts) == (2, 2 if fault == "hangs" else 0)
 
 
+class BadClone(ClonableWalk):
+    """Copies itself at its start (each trajectory's own copy of the root); a copy after a step (a
+    fork's) raises or hangs, as the row says."""
+
+    def reset(self, row):
+        self.fault, self.steps = row["fault"], 0
+        return super().reset(row)
+
+    def step(self, action):
+        self.steps += 1
+        return super().step(action)
+
+    def clone(self):
+        if self.steps and self.fault == "raises":
+            raise MemoryError("no room for a copy")
+        if self.steps and self.fault == "hangs":
+            time.sleep(30)
+        return super().clone()
+
+
+@pytest.mark.parametrize(
+    ("fault", "error"),
+    [("raises", "clone raised MemoryError: no room for a copy"), ("hangs", "clone timed out after 0.5 s")],
+)
+def test_a_clone_that_fails_ends_only_the_fork_that_needed_it(fault, error):
+    engine = ScriptedEngine([UNUSED, Turn(MOVE, 0.25), Turn(MOVE, 0.75), Turn("<answer>7</answer>", 0.5, "eos")])
+    tools = ToolExecutor({}, max_workers=2, timeout_s=5.0)
+    episodes = Episodes(spec(BadClone), max_workers=4, timeout_s=0.5)
+    settings = RolloutSettings(
+        total_rollouts=4, initial_rollouts=2, max_tool_calls=2, entropy_window=WINDOW, max_response_tokens=300
+    )
+    rollout = TreeRollout(engine, tools, FixedBranching(True), settings, episodes)
+    [tree], rollout_stats = rollout.run([TOKENIZER.encode("Q:")], seed=0, rows=[{"seed": 7, "fault": fault}])
+    first, second = walk_observations(7, ["2", "2"])
+    whole = MOVE + RESULT.format(first) + MOVE + RESULT.format(second) + "<answer>7</answer>"
+    failed = MOVE + RESULT.format(first) + MOVE + RESULT.format(f"Error: environment '{__name__}:BadClone' {error}")
+    responses = [TOKENIZER.decode(tree.trajectory_response_ids(i)) for i in range(tree.num_trajectories)]
+    # the two first trajectories (whose copies were made at the start) walk on and answer; the two
+    # forked after their first step end at the action their failed copy would have taken
+    assert sorted(zip(tree.finish_reasons, responses)) == [("env_error", failed)] * 2 + [("eos", whole)] * 2
+    stats = rollout_stats.environment
+    assert (stats.forks, stats.errors, stats.timeouts) == (0, 2, 2 if fault == "hangs" else 0)
+
+
 class NoReset(ClonableWalk):
     def reset(self, row):
         raise KeyError("seed")
