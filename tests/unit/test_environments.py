@@ -174,6 +174,28 @@ def test_a_replay_that_diverges_ends_the_branch_with_an_error_not_a_wrong_state(
     assert episodes.pop_stats().replay_mismatches == 1
 
 
+class RandomStart(Walk):
+    """Claims to be deterministic, but its first observation is drawn afresh at every reset."""
+
+    def reset(self, row):
+        super().reset(row)
+        return f"start {np.random.default_rng().integers(1 << 62)}"
+
+
+def test_a_reset_that_differs_under_replay_ends_each_trajectory_at_its_first_action():
+    """Without ``clone()`` every trajectory's copy is a fresh reset (a replay of no action): one that
+    starts elsewhere than the prompt showed ends with an error instead of acting in a state the
+    policy never saw; the first reset (the prompt's) is the only one that counts as a start."""
+    episodes = Episodes(spec(RandomStart), max_workers=2, timeout_s=5.0)
+    [root] = episodes.start([{"seed": 0}])
+    outcomes = episodes.step([(Episode(root), "1"), (Episode(root), "2")])
+    assert [(o.error, o.done) for o in outcomes] == [
+        ("reset gave another first observation for the same row", True)
+    ] * 2
+    stats = episodes.pop_stats()
+    assert (stats.resets, stats.replay_mismatches, stats.errors, stats.steps) == (3, 2, 2, 0)
+
+
 # --- the tree rollout over an environment -------------------------------------------------
 def walk_rollout(environment: EnvironmentSpec, branch: bool, **settings):
     """Every path moves twice, then answers; the walk's goal is out of reach."""

@@ -40,18 +40,22 @@ Answer = Callable[[str, int], tuple[str, Any]]
 
 class JudgeServer:
     """A local server with ``/v1/models`` (listing ``MODEL``) and ``/v1/chat/completions``
-    (answering as ``answer`` says); it records the user message of every chat request."""
+    (answering as ``answer`` says); it records the user message of every chat request, and the
+    ``Authorization`` header of every request."""
 
     def __init__(self) -> None:
         self.answer: Answer = lambda text, seen: ("reply", "yes")
         self.asked: list[str] = []
+        self.authorizations: list[str | None] = []
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - the http.server name
+                server.authorizations.append(self.headers["Authorization"])
                 self.send_json(200, {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "test"}]})
 
             def do_POST(self) -> None:  # noqa: N802
+                server.authorizations.append(self.headers["Authorization"])
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 text = body["messages"][-1]["content"]
                 seen = len(server.asked)
@@ -262,6 +266,18 @@ def test_a_verdict_by_import_path(server, tmp_path, monkeypatch):
     server.answer = lambda text, seen: ("reply", "***")
     [value] = judged(server.url, [answer("42")], verdict="myverdicts:stars")
     assert (value.reward, value.error) == (0.6, None)
+
+
+def test_the_key_in_api_key_env_is_sent_with_the_check_and_every_request(server, monkeypatch):
+    monkeypatch.setenv("MY_JUDGE_KEY", "sk-test-123")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-not-for-the-judge")
+    reward = {"fn": "llm_judge", "batched": True, "url": server.url, "model": MODEL, "api_key_env": "MY_JUDGE_KEY"}
+    check_config({"model_path": "tiny", "reward": reward})  # lists the server's models with the key
+    [value] = judged(server.url, [answer("42")], api_key_env="MY_JUDGE_KEY")
+    assert (value.reward, value.error) == (1.0, None)
+    assert server.authorizations == ["Bearer sk-test-123"] * 2
+    judged(server.url, [answer("42")])  # without api_key_env: a placeholder, never another variable's key
+    assert server.authorizations[2:] == ["Bearer none"]
 
 
 # --- retries and timeouts -----------------------------------------------------------------------
