@@ -1,6 +1,7 @@
 """The run report's page data, from whole and partial run directories, and ``rllib report``'s
 one-line answers."""
 
+import itertools
 import json
 import math
 
@@ -132,3 +133,98 @@ def test_the_page_escapes_its_data_and_refuses_nan(tmp_path):
     payload = page.read_text().split('<script id="run-data" type="application/json">')[1].split("</script>")[0]
     assert json.loads(payload)["trees"][0]["tree"]["prompt"] == tree["prompt"]
     assert all(math.isfinite(p[1]) for c in json.loads(payload)["curves"] for s in c["series"] for p in s["points"])
+
+
+# --- the page in Chromium: what it draws is the data it carries ----------------------------------
+DRAWN_CHARTS = """() => [...document.querySelectorAll(".chart")].map(chart => ({
+    title: chart.querySelector(".ctitle").textContent,
+    lines: [...chart.querySelectorAll("polyline")].map(line =>
+        line.getAttribute("points").split(" ").map(pair => pair.split(",").map(Number))),
+    dots: [...chart.querySelectorAll("circle")].map(dot => dot.querySelector("title").textContent),
+}))"""
+DRAWN_TABLES = """() => [...document.querySelectorAll("table")].map(table => ({
+    title: table.previousElementSibling.textContent,
+    columns: [...table.querySelectorAll("th")].map(cell => cell.textContent),
+    rows: [...table.querySelectorAll("tbody tr")].map(row => [...row.children].map(cell => cell.textContent)),
+}))"""
+
+
+def js_number(value: float) -> str:
+    """A number as JavaScript's String() writes it (for the values of these tests)."""
+    return str(int(value)) if float(value).is_integer() else repr(value)
+
+
+def js_cell(value) -> str:
+    """A table cell as the page writes it: numbers with 3 decimals, a missing one as a dash."""
+    if value is None or isinstance(value, int | float):
+        return "–" if value is None else f"{value:.3f}"
+    return str(value)
+
+
+def open_page(browser, page_path):
+    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    errors = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(page_path.as_uri())
+    return page, errors
+
+
+def test_the_page_draws_each_curve_point_for_point_and_each_table_cell_for_cell(tmp_path, browser):
+    timing = {"time_this_iter_s": 8.0, "learner_update_s": 6.0, "weight_sync_s": 0.5}
+    rows = [
+        {**result_row(1, 0.25, None, before=0.5), **timing},
+        {**result_row(2, 0.75, None), **timing},
+        {**result_row(3, 0.5, 0.875), **timing},
+    ]
+    trial = write_trial(tmp_path / "exp" / "ARPO_0", rows, trees={3: [TREE]})
+    data = training_page(trial)
+    ((page_path, _),) = write_run_report(trial)
+    page, errors = open_page(browser, page_path)
+    charts, tables = page.evaluate(DRAWN_CHARTS), page.evaluate(DRAWN_TABLES)
+    page.close()
+    assert errors == []
+    assert [chart["title"] for chart in charts] == [curve["title"] for curve in data["curves"]]
+    assert len(charts) == 6  # held-out accuracy, reward, tool calls, dH, KL, staleness
+    for chart, curve in zip(charts, data["curves"]):
+        series = curve["series"]
+        # a line through each series of two points or more, its points in the data's order: x rising
+        # with the iteration, y falling (SVG's y points down) as the value rises
+        assert [len(line) for line in chart["lines"]] == [len(s["points"]) for s in series if len(s["points"]) > 1]
+        for line, s in zip(chart["lines"], (s for s in series if len(s["points"]) > 1)):
+            xs, ys = [x for x, _ in line], [y for _, y in line]
+            assert xs == sorted(xs) and len(set(xs)) == len(xs)
+            values = [value for _, value in s["points"]]
+            for (y0, y1), (v0, v1) in zip(itertools.pairwise(ys), itertools.pairwise(values)):
+                assert (y1 < y0, y1 == y0, y1 > y0) == (v1 > v0, v1 == v0, v1 < v0)
+        # a dot per point, its tooltip the point's own numbers
+        assert chart["dots"] == [
+            f"{s['label']}: iteration {js_number(x)}, y {js_number(y)}" for s in series for x, y in s["points"]
+        ]
+    assert tables == [
+        {"title": table["title"], "columns": table["columns"], "rows": [[js_cell(v) for v in r] for r in table["rows"]]}
+        for table in data["tables"]
+    ]
+    assert [table["title"] for table in tables] == ["held-out split", "where the time went"]
+
+
+def test_an_evaluation_page_shows_its_benchmark_table(tmp_path, browser):
+    output = tmp_path / "evaluation"
+    (output / "transcripts").mkdir(parents=True)
+    results = [
+        {"benchmark": "gsm8k", "pass@1": 0.5, "format_errors": 0.125, "questions": 2},
+        {"benchmark": "hotpotqa", "pass@1": 0.25, "format_errors": None, "questions": 4},
+    ]
+    (output / "results.json").write_text(json.dumps({"settings": {"policy": "tiny"}, "results": results}))
+    (output / "transcripts" / "gsm8k.jsonl").write_text(json.dumps({"question": "q", "tree": TREE}) + "\n")
+    ((page_path, notes),) = write_run_report(output)
+    page, errors = open_page(browser, page_path)
+    title, tables = page.title(), page.evaluate(DRAWN_TABLES)
+    page.close()
+    assert (errors, notes, title) == ([], [], "evaluation of tiny")
+    assert tables == [
+        {
+            "title": "benchmarks",
+            "columns": ["benchmark", "pass@1", "format_errors", "questions"],
+            "rows": [["gsm8k", "0.500", "0.125", "2.000"], ["hotpotqa", "0.250", "–", "4.000"]],
+        }
+    ]
