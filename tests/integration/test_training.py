@@ -67,22 +67,6 @@ def test_two_iterations_sync_versioned_weights_to_remote_runners(
         algo.stop()
 
 
-def test_tune_grid_over_tau_runs_two_trials(ray_session, small_config, tmp_path):
-    import rllib_arpo  # noqa: F401  (registers "ARPO")
-
-    param_space = small_config.to_dict()
-    param_space["tau"] = tune.grid_search([0.3, 0.7])
-    results = tune.Tuner(
-        "ARPO",
-        param_space=param_space,
-        run_config=tune.RunConfig(stop={"training_iteration": 1}, storage_path=str(tmp_path), verbose=0),
-    ).fit()
-    assert len(results) == 2
-    assert not results.errors
-    assert sorted(r.config["tau"] for r in results) == [0.3, 0.7]
-    assert all(r.metrics["training_iteration"] == 1 for r in results)
-
-
 def test_bfloat16_policy_syncs_to_a_remote_runner_without_numpy(
     ray_session, small_config, learner_weights, engine_weights
 ):
