@@ -6,10 +6,14 @@ so ``pytest -m unit`` or ``pytest -m "not models"`` picks tiers without naming p
 """
 
 import importlib.util
+import json
 import os
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -132,3 +136,83 @@ def browser(chromium_executable):
         chromium = playwright.chromium.launch(executable_path=chromium_executable, args=list(HEADLESS_CHROMIUM_FLAGS))
         yield chromium
         chromium.close()
+
+
+# --- an LLM judge's server, canned ---------------------------------------------------------------
+SERVER_SLEEP = time.sleep  # the judge server's own waits: a test may fake time.sleep for the client side
+
+# How the server answers a chat request: (the user message it carries, how many chat requests it has
+# seen before) -> ("reply", text) | ("status", code) | ("sleep", seconds) | ("close", None)
+Answer = Callable[[str, int], tuple[str, Any]]
+
+
+class JudgeServer:
+    """A local server with ``/v1/models`` (listing ``model``) and ``/v1/chat/completions``
+    (answering as ``answer`` says); it records the user message of every chat request, and the
+    ``Authorization`` header of every request."""
+
+    model = "judge-model"
+
+    def __init__(self) -> None:
+        self.answer: Answer = lambda text, seen: ("reply", "yes")
+        self.asked: list[str] = []
+        self.authorizations: list[str | None] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the http.server name
+                server.authorizations.append(self.headers["Authorization"])
+                self.send_json(
+                    200, {"object": "list", "data": [{"id": server.model, "object": "model", "owned_by": "test"}]}
+                )
+
+            def do_POST(self) -> None:  # noqa: N802
+                server.authorizations.append(self.headers["Authorization"])
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                text = body["messages"][-1]["content"]
+                seen = len(server.asked)
+                server.asked.append(text)
+                kind, value = server.answer(text, seen)
+                if kind == "close":
+                    self.close_connection = True
+                    return
+                if kind == "sleep":
+                    SERVER_SLEEP(value)
+                    kind, value = "reply", "yes"
+                if kind == "status":
+                    self.send_json(value, {"error": {"message": "canned", "type": "test"}})
+                    return
+                message = {"role": "assistant", "content": value}
+                choice = {"index": 0, "message": message, "finish_reason": "stop"}
+                self.send_json(200, {"id": "c", "object": "chat.completion", "created": 0, "model": server.model,
+                                     "choices": [choice]})  # fmt: skip
+
+            def send_json(self, status: int, payload: dict) -> None:
+                data = json.dumps(payload).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout test)
+                    pass
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+
+@pytest.fixture
+def judge_server() -> Iterator[JudgeServer]:
+    """An OpenAI-compatible judge on 127.0.0.1 (``JudgeServer``) for one test: the ``llm_judge``
+    reward's unit tests, and a run whose remote EnvRunner asks it."""
+    server = JudgeServer()
+    thread = threading.Thread(target=server.httpd.serve_forever, args=(0.02,), daemon=True)
+    thread.start()
+    yield server
+    server.httpd.shutdown()
+    server.httpd.server_close()

@@ -24,5 +24,8 @@ def test_a_python_session_trains_and_evaluates_on_a_remote_runner(ray_session, s
     # one reset per prompt; every trajectory that acts clones its root, or its parent where forked
     assert runners["env/resets"] == 2 and runners["env/replays"] == 0 and runners["env/errors"] == 0
     assert runners["env/steps"] >= runners["env/clones"] >= 1
+    # the trees forked (every python result opens a branch while the budget lasts), and each branch
+    # that acted again got its own copy of its parent's session: a fork is a clone, never a replay
+    assert runners["branches"] >= 1 and runners["env/forks"] <= runners["env/clones"]
     assert runners["tool_calls_per_trajectory/python"] > 0  # the session's cells, counted like tool calls
     assert "tool_calls_per_question/python" in result["evaluation_before_training"]

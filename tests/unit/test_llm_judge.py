@@ -1,19 +1,15 @@
 """The ``llm_judge`` reward (``rllib_arpo.llm_judge``) against a local HTTP server on 127.0.0.1 that
 answers as an OpenAI-compatible one would: canned verdicts, errors, silence and dropped
-connections. The real judge model is ``tests/vllm/test_llm_judge.py``'s."""
+connections (``JudgeServer``, tests/conftest.py). The real judge model is
+``tests/vllm/test_llm_judge.py``'s."""
 
 from __future__ import annotations
 
-import json
 import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import pytest
 
@@ -21,7 +17,7 @@ from rllib_arpo import llm_judge
 from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.experiment_file import ConfigError, check_config
 
-MODEL = "judge-model"
+MODEL = "judge-model"  # what JudgeServer serves
 TOOL_TAGS = ("search", "python")
 ROW = {
     "prompt": ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 6 x 7?"}),
@@ -31,78 +27,11 @@ ROW = {
     "difficulty": "easy",
 }
 
-SERVER_SLEEP = time.sleep  # the server's own waits, apart from the client's pauses that ``pauses`` records
-
-# How the server answers a chat request: (the user message it carries, how many chat requests it has
-# seen before) -> ("reply", text) | ("status", code) | ("sleep", seconds) | ("close", None)
-Answer = Callable[[str, int], tuple[str, Any]]
-
-
-class JudgeServer:
-    """A local server with ``/v1/models`` (listing ``MODEL``) and ``/v1/chat/completions``
-    (answering as ``answer`` says); it records the user message of every chat request, and the
-    ``Authorization`` header of every request."""
-
-    def __init__(self) -> None:
-        self.answer: Answer = lambda text, seen: ("reply", "yes")
-        self.asked: list[str] = []
-        self.authorizations: list[str | None] = []
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - the http.server name
-                server.authorizations.append(self.headers["Authorization"])
-                self.send_json(200, {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "test"}]})
-
-            def do_POST(self) -> None:  # noqa: N802
-                server.authorizations.append(self.headers["Authorization"])
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                text = body["messages"][-1]["content"]
-                seen = len(server.asked)
-                server.asked.append(text)
-                kind, value = server.answer(text, seen)
-                if kind == "close":
-                    self.close_connection = True
-                    return
-                if kind == "sleep":
-                    SERVER_SLEEP(value)
-                    kind, value = "reply", "yes"
-                if kind == "status":
-                    self.send_json(value, {"error": {"message": "canned", "type": "test"}})
-                    return
-                message = {"role": "assistant", "content": value}
-                choice = {"index": 0, "message": message, "finish_reason": "stop"}
-                self.send_json(200, {"id": "c", "object": "chat.completion", "created": 0, "model": MODEL,
-                                     "choices": [choice]})  # fmt: skip
-
-            def send_json(self, status: int, payload: dict) -> None:
-                data = json.dumps(payload).encode()
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout test)
-                    pass
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-
 
 @pytest.fixture
-def server(monkeypatch) -> Iterator[JudgeServer]:
+def server(judge_server, monkeypatch):
     monkeypatch.setattr(llm_judge, "RETRY_PAUSE_S", 0.01)
-    judge_server = JudgeServer()
-    thread = threading.Thread(target=judge_server.httpd.serve_forever, args=(0.02,), daemon=True)
-    thread.start()
-    yield judge_server
-    judge_server.httpd.shutdown()
-    judge_server.httpd.server_close()
+    return judge_server
 
 
 @pytest.fixture
