@@ -26,9 +26,8 @@ backward 4 N; attention's own products, a few percent at these lengths, left out
 against the matrix-multiply rate measured in the same run on the same device in the same dtype
 (``gpu_check.matmul_rate``; on a CPU with as many threads as a learner has), per learner.
 ``--profile N``: one more update of a one-learner case under torch's profiler, its top N operators
-by their own time (what stands between the MFU and the ceiling). ``--fields``: more config fields,
-e.g. RLlib's ``{"torch_compile_learner": true, "torch_compile_learner_what_to_compile":
-"forward_train"}`` (``torch.compile`` of the module's training forward).
+by their own time (what stands between the MFU and the ceiling). ``--fields``: more config fields
+for every case, e.g. ``{"kl_coef": 0.1, "gradient_checkpointing": true}``.
 
 Models: a named model or ``save_pretrained`` directory, or a shape of ``MODEL_SHAPES`` (random
 weights, the named model's config: nothing is downloaded), saved once per run.
