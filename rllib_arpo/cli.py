@@ -117,7 +117,7 @@ def train_file(
     import ray
     from ray import tune
 
-    from rllib_arpo.algorithm import TRAINABLES
+    from rllib_arpo.algorithm import TRAINABLES, register_trainables
     from rllib_arpo.eval.report import write_report
     from rllib_arpo.tune_logs import trial_loggers
 
@@ -131,6 +131,9 @@ def train_file(
             "call ray.shutdown() first, so that train_file starts Ray with them (or start Ray with "
             "ray.init(runtime_env=UserImports.runtime_env()) of rllib_arpo.user_imports)"
         )
+    # Tune keeps registered trainables in the Ray session's store, filled at the first ray.init() after
+    # the import: a Ray started again in this process (after a ray.shutdown()) would know no "ARPO"
+    register_trainables()
     failed = 0
     for name, experiment in experiments.items():
         default_config = TRAINABLES[experiment["run"]].get_default_config()

@@ -8,6 +8,7 @@ so ``pytest -m unit`` or ``pytest -m "not models"`` picks tiers without naming p
 import importlib.util
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +19,10 @@ from typing import Any, NoReturn
 import pytest
 
 TESTS = Path(__file__).resolve().parent
-TIERS = ("unit", "integration", "multinode", "vllm", "models")
+# In the order the tiers run: the slow ones (seconds to minutes a test) first, so that under README's
+# ``-n 2 --dist loadfile --no-loadscope-reorder`` the two workers end on the many short unit files
+# together rather than one of them on a long integration test while the other idles
+TIERS = ("integration", "multinode", "vllm", "models", "unit")
 
 # Every ``ray.init()`` without an address, here and in the subprocesses tests start, starts its own
 # Ray: without this Ray joins the cluster named in /tmp/ray/ray_current_cluster, which a ``ray start``
@@ -26,14 +30,32 @@ TIERS = ("unit", "integration", "multinode", "vllm", "models")
 os.environ["RAY_ADDRESS"] = "local"
 
 
+def tier_of(path) -> str | None:
+    """The tier of a test file under tests/ (None for one outside it)."""
+    try:
+        tier = Path(path).resolve().relative_to(TESTS).parts[0]
+    except ValueError:
+        return None
+    return tier if tier in TIERS else None
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        try:
-            tier = Path(item.path).resolve().relative_to(TESTS).parts[0]
-        except ValueError:  # a test outside tests/
-            continue
-        if tier in TIERS:
+        tier = tier_of(item.path)
+        if tier is not None:
             item.add_marker(tier)
+    order = {tier: position for position, tier in enumerate(TIERS)}
+    items.sort(key=lambda item: order.get(tier_of(item.path), len(TIERS)))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_ray_outside_its_tiers(request):
+    """Only the integration and multinode tiers run with Ray: a Ray session that an integration
+    file left running in this pytest process (it stays up from one such file to the next) is shut
+    down before a file of another tier, which then runs as it would alone."""
+    ray = sys.modules.get("ray")
+    if tier_of(request.path) not in ("integration", "multinode") and ray is not None and ray.is_initialized():
+        ray.shutdown()
 
 
 @pytest.fixture(scope="session")

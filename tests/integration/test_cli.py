@@ -143,6 +143,25 @@ def write(tmp_path, text: str) -> str:
     return str(path)
 
 
+def test_train_file_runs_in_a_ray_started_again_in_the_same_process(ray_session, _ray_temp_dir, tmp_path):
+    """Tune's registry of trainables lives in the Ray session: after ``ray.shutdown()`` and a new
+    ``ray.init()`` (a notebook, or this pytest process between test files) ``run: GRPO`` must
+    still be known. (Broken on purpose: without train_file's ``register_trainables()``, "Unknown
+    trainable: GRPO".)"""
+    import ray
+
+    from rllib_arpo.cli import main
+
+    ray.shutdown()
+    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=_ray_temp_dir, log_to_driver=False)
+    small = {"held_out_interval": 0, "prompts_per_env_runner": 1, "total_rollouts": 2, "max_response_tokens": 16}
+    command = ["train", "file", str(REPO / "tuned_examples" / "grpo_tiny.yaml"), "--stop", '{"training_iteration": 1}',
+               "--config", json.dumps(small), "--storage-path", str(tmp_path)]  # fmt: skip
+    assert main(command) == 0
+    [result_file] = tmp_path.glob("*/*/result.json")
+    assert [json.loads(line)["training_iteration"] for line in result_file.read_text().splitlines()] == [1]
+
+
 def test_unknown_run_and_config_keys_are_reported(tmp_path):
     with pytest.raises(ConfigError, match="unknown run: 'PPO2'"):
         load_experiments(write(tmp_path, "x:\n  run: PPO2\n  config: {}\n"))

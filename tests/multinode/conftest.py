@@ -9,6 +9,8 @@ running. A Ray still running in this pytest process (the integration tier's sess
 is shut down before the cluster starts.
 """
 
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,9 +23,10 @@ ROLLOUT_NODE = {"num_cpus": 1, "resources": {"rollout_node": 1}, "object_store_m
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster():
     if ray.is_initialized():
         ray.shutdown()
+    temp_dir = tempfile.mkdtemp(prefix="ray-")
     cluster = Cluster(
         initialize_head=True,
         head_node_args={
@@ -31,7 +34,9 @@ def cluster(tmp_path_factory):
             "resources": {"learner_node": 1},
             "object_store_memory": OBJECT_STORE_BYTES,
             "include_dashboard": False,
-            "temp_dir": str(tmp_path_factory.mktemp("ray_cluster")),
+            # short: Ray's sockets live under it and a Unix socket's path has at most 107 bytes
+            # (pytest-xdist's worker folders, popen-gwN/, would push it over)
+            "temp_dir": temp_dir,
             # a node that stops answering is declared dead after about 3 s, not 30
             "_system_config": {"health_check_period_ms": 1000, "health_check_failure_threshold": 3},
         },
@@ -47,6 +52,7 @@ def cluster(tmp_path_factory):
     address_file = Path(ray._common.utils.get_ray_address_file(None))
     if address_file.is_file() and address_file.read_text().strip() == cluster.gcs_address:
         address_file.unlink()
+    shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @pytest.fixture

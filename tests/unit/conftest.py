@@ -8,15 +8,6 @@ import torch
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _no_ray():
-    """Unit tests never start Ray and run without one: a Ray session another tier left running
-    in this pytest process (integration's lasts until the session ends) is shut down first."""
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
-        ray.shutdown()
-
-
 @pytest.fixture(autouse=True)
 def _one_thread():
     """Unit tests use one torch thread: small tensors, and results independent of the core count."""
