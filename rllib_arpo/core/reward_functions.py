@@ -242,6 +242,11 @@ def _reward_value(returned: Any) -> RewardValue:
 
 
 def _finite(value: Any, which: str = "") -> float:
+    """``value`` as a finite float: a real number, or a 0-d array or tensor holding one (numpy's
+    scalars, ``np.bool_`` among them, which ``np.isclose(a, b)`` and ``==`` on numpy values return,
+    and torch's 0-d tensors: no ``numbers.Real``, they would otherwise score the fallback)."""
+    if not isinstance(value, numbers.Real) and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        value = value.item()
     if not isinstance(value, numbers.Real):
         raise ValueError(f"{which}not a number")
     if not math.isfinite(value):

@@ -172,6 +172,9 @@ FAILURES = {  # what the function's body does, and the error it is reported with
         "return {'reward': 1.0, 'note': 'x'}",
         "returned {'note': 'x', 'reward': 1.0}: 'note' not a number",
     ),
+    "tensor of two": ("return __import__('torch').tensor([1.0, 2.0])", "returned tensor([1., 2.]): not a number"),
+    "array of one": ("return __import__('numpy').array([1.0])", "returned array([1.]): not a number"),
+    "numpy nan": ("return __import__('numpy').float64('nan')", "returned np.float64(nan): not finite"),
     "batched, too few": ("return [1.0]", "returned [1.0] for 2 responses"),
     "batched, not a list": ("return 1.0", "returned 1.0 for 2 responses"),
     "batched, raises": ("raise RuntimeError('judge\\ndown')", "raised RuntimeError: judge down"),
@@ -190,6 +193,27 @@ def test_a_reward_that_fails_scores_the_fallback_and_is_counted(myext, failure):
     ] * 2
     assert scores[0].format_ok and scores[0].answer == "42"  # the metrics beside the reward are kept
     assert reward_metrics(scores) == {"reward_errors": 2.0}
+
+
+@pytest.mark.parametrize(
+    "returned, reward, components",
+    [
+        ("numpy.isclose(float(row['ground_truth']), 42.0)", 1.0, {}),  # numpy's bool, not numbers.Real
+        ("numpy.float32(0.5)", 0.5, {}),
+        ("numpy.array(0.75)", 0.75, {}),
+        ("torch.tensor(0.25)", 0.25, {}),
+        ("torch.tensor(2.0) == torch.tensor(2.0)", 1.0, {}),
+        ("{'reward': numpy.False_, 'calls': torch.tensor(3)}", 0.0, {"calls": 3.0}),
+    ],
+)
+def test_numpy_and_torch_scalars_are_numbers(myext, returned, reward, components):
+    """What ``np.isclose(a, b)`` or ``x == y`` on numpy or torch values returns is a reward, not a
+    failure that scores every trajectory the fallback. (Broken on purpose: ``_finite`` without its
+    0-d case fails each row but the float32 one with "not a number".)"""
+    myext(f"import numpy, torch\ndef score(response, row, tool_calls):\n    return {returned}\n")
+    settings = RewardSettings(reward={"fn": "myext:score", "fallback": -0.5})
+    [[scored]] = score(settings, [tree_of(answer("42"))], [example()])
+    assert (scored.reward, scored.correctness, scored.components, scored.error) == (reward, reward, components, None)
 
 
 def test_only_the_trajectory_whose_reward_failed_gets_the_fallback(myext):
