@@ -3,6 +3,7 @@ package (0.4, ``verifiers.v1``) and an environment built offline here: its tasks
 prompt, its own split, its own reward functions as the reward, and bad specs as one line before
 any model work."""
 
+import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -191,6 +192,33 @@ def test_a_row_of_another_dataset_type_is_a_reward_error():
     assert error == (
         "reward 'verifiers' raised ValueError: the row has no 'verifiers' column: this reward scores the "
         "verifiers dataset type"
+    )
+
+
+@pytest.mark.parametrize(
+    "chosen",
+    [
+        {"env": "subprocess:getoutput", "args": {"cmd": "touch {marker}"}, "split": "train"},
+        {"env": "arpo_sums_env", "args": {"count": 1}, "split": "train"},  # a real environment, but not loaded
+    ],
+    ids=["code", "another spec"],
+)
+def test_a_row_cannot_choose_the_environment_it_is_scored_with(tmp_path, chosen):
+    """A row names its environment; only one a ``type: verifiers`` dataset of this process loaded
+    is used. (Broken on purpose: without the check, "code" runs ``touch`` and the reward error is
+    subprocess's output, not a number.)"""
+    marker = tmp_path / "ran"
+    example = load_dataset(spec())[1]
+    verifiers = {**example.extra["verifiers"], **chosen, "args": {k: v.format(marker=marker) if isinstance(v, str)
+                 else v for k, v in chosen["args"].items()}}  # fmt: skip
+    example = dataclasses.replace(example, extra={"verifiers": verifiers})
+    [(reward, correct, _, error)] = scores(
+        example, ["<answer>\\boxed{7}</answer>"], RewardSettings(reward={"fn": "verifiers"})
+    )
+    assert (reward, correct) == (0.0, 0.0) and not marker.exists()
+    assert error == (
+        f"reward 'verifiers' raised ValueError: the row's verifiers environment {chosen['env']!r} is none this run "
+        "loaded: the reward scores only with an environment a `type: verifiers` dataset of the config names"
     )
 
 

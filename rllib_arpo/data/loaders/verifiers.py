@@ -24,7 +24,9 @@ the tools and the ``<answer>`` tags work as for every other task. An example's `
 the task's ``answer`` field where it has one (else ``""``), its ``task`` is ``math`` (for the
 hierarchical reward, should a run use that), its ``source`` ``verifiers/<taskset id>``, and its
 ``extra["verifiers"]`` what the reward needs: ``env``, ``args``, ``split`` and the task's data
-(``TaskData`` as JSON values).
+(``TaskData`` as JSON values). The reward scores a row only with an environment this process loaded
+from the config (``LOADED_SPECS``): a row that names another, a jsonl's own for instance, is a
+reward error, so no dataset row chooses code to import and call.
 
 The ``verifiers`` reward (``reward: {fn: verifiers}``) scores a response with the task's own
 ``Task.score``: the environment's ``@vf.reward`` functions (and any judges its task config
@@ -61,6 +63,10 @@ from rllib_arpo.data.prompts import TIR_SYSTEM_PROMPT, tir_messages
 from rllib_arpo.data.registry import DATASET_LOADERS
 
 SPLITS = ("train", "test")
+LOADED_SPECS: set[str] = set()
+"""The specs (as JSON) this process's ``load_verifiers`` loaded from the run's config: the only
+environments the reward scores with. A row names its environment, and a dataset row must not choose
+code to run: ``{"env": "os:system", "args": {...}}`` in a jsonl would otherwise be called."""
 SINGLE_TURN = "only single-turn environments are supported (a vf.SingleAgentEnv, no tool servers, no container)"
 
 
@@ -80,7 +86,9 @@ def load_verifiers(
     if "split" in (args or {}):
         raise ValueError("args.split: give split beside args, not inside them")
     spec = {"env": env, "args": dict(args or {}), "split": split}
-    environment = _environment(json.dumps(spec, sort_keys=True))
+    spec_json = json.dumps(spec, sort_keys=True)
+    environment = _environment(spec_json)
+    LOADED_SPECS.add(spec_json)
     return [verifiers_example(spec, environment, task, system_prompt) for task in environment.taskset]
 
 
@@ -195,10 +203,15 @@ def verifiers_reward(
     if "verifiers" not in row:
         raise ValueError("the row has no 'verifiers' column: this reward scores the verifiers dataset type")
     scoring = row["verifiers"]
-    spec = {key: scoring[key] for key in ("env", "args", "split")}
+    spec_json = json.dumps({key: scoring.get(key) for key in ("env", "args", "split")}, sort_keys=True)
+    if spec_json not in LOADED_SPECS:
+        raise ValueError(
+            f"the row's verifiers environment {reprlib.repr(scoring.get('env'))} is none this run loaded: the "
+            "reward scores only with an environment a `type: verifiers` dataset of the config names"
+        )
     answer = extract_answer(response)
     reply = "" if answer is None else f"\\boxed{{{answer}}}"
-    trace = _scored_trace(_environment(json.dumps(spec, sort_keys=True)), scoring["task"], reply)
+    trace = _scored_trace(_environment(spec_json), scoring["task"], reply)
     rewards = {name: value for name, value in trace.rewards.items() if value is not None}
     total_weight = sum(value.weight for value in rewards.values())
     correct = trace.reward / total_weight if total_weight else 0.0
