@@ -207,6 +207,22 @@ def test_the_page_draws_each_curve_point_for_point_and_each_table_cell_for_cell(
     assert [table["title"] for table in tables] == ["held-out split", "where the time went"]
 
 
+@pytest.mark.parametrize("text", ["<!--<script>", "</script><script>alert(1)</script>", "<!-- -->"])
+def test_text_that_looks_like_markup_in_the_data_leaves_the_page_whole(tmp_path, browser, text):
+    """A response is any text: inside the page's data block, ``<!--<script>`` with no closing
+    ``-->`` once made the HTML parser read the page's own script as data, and the page stayed blank.
+    (Broken on purpose: escaping ``</`` alone, as before, fails the first case with no chart drawn.)"""
+    tree = {**TREE, "prompt": text}
+    trial = write_trial(tmp_path / "exp" / "ARPO_0", [result_row(1, 0.25, None)], trees={1: [tree]})
+    ((page_path, _),) = write_run_report(trial)
+    payload = page_path.read_text().split('<script id="run-data" type="application/json">')[1].split("</script>")[0]
+    assert "<" not in payload and json.loads(payload)["trees"][0]["tree"]["prompt"] == text
+    page, errors = open_page(browser, page_path)
+    charts = page.evaluate(DRAWN_CHARTS)
+    page.close()
+    assert errors == [] and len(charts) == len(training_page(trial)["curves"]) > 0
+
+
 def test_an_evaluation_page_shows_its_benchmark_table(tmp_path, browser):
     output = tmp_path / "evaluation"
     (output / "transcripts").mkdir(parents=True)
