@@ -175,9 +175,11 @@ def evaluation_page(output_dir: Path) -> dict:
 def write_page(data: dict, path: Path) -> Path:
     """``report_page.html`` with ``data`` in it, written to ``path``. Every ``<`` of the JSON is
     written ``\\u003c`` (in JSON it only occurs inside strings), so no text in the data, a response's
-    ``</script>`` or ``<!--<script>``, can end or hide the page's own script."""
+    ``</script>`` or ``<!--<script>``, can end or hide the page's own script; a lone surrogate is
+    written as its JSON escape (``saved_trees.append_saved_trees``)."""
     payload = json.dumps(data, ensure_ascii=False, allow_nan=False).replace("<", "\\u003c")
-    path.write_text(PAGE_TEMPLATE.read_text(encoding="utf-8").replace(DATA_PLACEHOLDER, payload), encoding="utf-8")
+    page = PAGE_TEMPLATE.read_text(encoding="utf-8").replace(DATA_PLACEHOLDER, payload)
+    path.write_text(page, encoding="utf-8", errors="backslashreplace")
     return path
 
 

@@ -106,9 +106,11 @@ def tree_record(
 
 
 def append_saved_trees(path: Path, iteration: int, weights_version: int, trees: list[dict]) -> None:
-    """One iteration's line of ``SAVED_TREES_FILE``."""
+    """One iteration's line of ``SAVED_TREES_FILE``. A lone surrogate (``"\\ud800"`` in a jsonl
+    dataset's answer: a str, but no UTF-8) is written as its JSON escape, which reads back as itself,
+    instead of stopping the run with a UnicodeEncodeError."""
     line = json.dumps({"iteration": iteration, "weights_version": weights_version, "trees": trees}, ensure_ascii=False)
-    with open(path, "a", encoding="utf-8") as file:
+    with open(path, "a", encoding="utf-8", errors="backslashreplace") as file:
         file.write(line + "\n")
 
 

@@ -207,7 +207,7 @@ def test_the_page_draws_each_curve_point_for_point_and_each_table_cell_for_cell(
     assert [table["title"] for table in tables] == ["held-out split", "where the time went"]
 
 
-@pytest.mark.parametrize("text", ["<!--<script>", "</script><script>alert(1)</script>", "<!-- -->"])
+@pytest.mark.parametrize("text", ["<!--<script>", "</script><script>alert(1)</script>", "<!-- -->", "lone \ud800"])
 def test_text_that_looks_like_markup_in_the_data_leaves_the_page_whole(tmp_path, browser, text):
     """A response is any text: inside the page's data block, ``<!--<script>`` with no closing
     ``-->`` once made the HTML parser read the page's own script as data, and the page stayed blank.

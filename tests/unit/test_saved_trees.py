@@ -104,3 +104,13 @@ def test_the_last_line_of_an_iteration_counts_and_a_cut_off_line_is_counted(tmp_
     saved, unreadable = read_saved_trees(path)
     assert list(saved) == [1, 2] and saved[1]["trees"] == [{"first": False}] and unreadable == 3
     assert read_saved_trees(tmp_path / "absent.jsonl") == ({}, 0)
+
+
+def test_a_lone_surrogate_is_saved_and_read_back_as_itself(tmp_path):
+    """``"\\ud800"`` in a jsonl answer is a Python str but no UTF-8: saving the trees raised
+    UnicodeEncodeError and stopped the run (again on resume). (Broken on purpose: without
+    ``errors="backslashreplace"`` this raises.)"""
+    path = tmp_path / "rollout_trees.jsonl"
+    append_saved_trees(path, 1, 0, [{"prompt": "a\ud800b", "answer": "\udfff"}])
+    saved, unreadable = read_saved_trees(path)
+    assert saved[1]["trees"] == [{"prompt": "a\ud800b", "answer": "\udfff"}] and unreadable == 0
