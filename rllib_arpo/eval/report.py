@@ -49,11 +49,11 @@ def read_result_rows(trial_dir: str | Path) -> tuple[list[dict], int]:
 
 def read_json_lines(path: Path) -> tuple[list, int]:
     """(the JSON value of every readable line of ``path``, none where it does not exist; how many
-    lines were not readable: cut off by a kill while they were written)."""
+    lines were not readable: cut off by a kill while they were written, mid-character too)."""
     values, unreadable = [], 0
     if not path.is_file():
         return values, unreadable
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
         if not line.strip():
             continue
         try:

@@ -114,3 +114,15 @@ def test_a_lone_surrogate_is_saved_and_read_back_as_itself(tmp_path):
     append_saved_trees(path, 1, 0, [{"prompt": "a\ud800b", "answer": "\udfff"}])
     saved, unreadable = read_saved_trees(path)
     assert saved[1]["trees"] == [{"prompt": "a\ud800b", "answer": "\udfff"}] and unreadable == 0
+
+
+def test_a_line_cut_mid_character_is_counted_not_raised(tmp_path):
+    """A kill in the middle of a two-byte character of the last line. (Broken on purpose: reading the
+    file as strict UTF-8, as before, raises UnicodeDecodeError, and ``rllib report`` with it.)"""
+    path = tmp_path / "rollout_trees.jsonl"
+    append_saved_trees(path, 1, 0, [{"prompt": "café"}])
+    append_saved_trees(path, 2, 1, [{"prompt": "café"}])
+    data = path.read_bytes()
+    path.write_bytes(data[: data.rindex("é".encode()) + 1])  # the first of the é's two bytes
+    saved, unreadable = read_saved_trees(path)
+    assert list(saved) == [1] and saved[1]["trees"] == [{"prompt": "café"}] and unreadable == 1
