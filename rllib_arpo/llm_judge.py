@@ -260,8 +260,19 @@ def _client(url: str, api_key: str) -> openai.OpenAI:
 
 
 def _api_key(api_key_env: str | None) -> str:
-    """The key in ``api_key_env``; a server that asks for none takes any (the client needs one)."""
-    return os.environ.get(api_key_env, "") if api_key_env else "none"
+    """The key in ``api_key_env``; a server that asks for none takes any (the client needs one). A
+    variable empty in this process (an EnvRunner on a node whose environment lacks it, though the
+    driver's config check saw it) is a ValueError naming it and where to set it (the openai client's
+    own error names ``OPENAI_API_KEY``)."""
+    if not api_key_env:
+        return "none"
+    key = os.environ.get(api_key_env, "")
+    if not key:
+        raise ValueError(
+            f"reward.api_key_env: the environment variable {api_key_env!r} is not set in this process "
+            f"(pid {os.getpid()}): set it where the EnvRunners run, e.g. in Ray's runtime_env env_vars"
+        )
+    return key
 
 
 def _root_cause(error: BaseException) -> str:

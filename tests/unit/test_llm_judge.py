@@ -5,6 +5,7 @@ connections (``JudgeServer``, tests/conftest.py). The real judge model is
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -207,6 +208,20 @@ def test_the_key_in_api_key_env_is_sent_with_the_check_and_every_request(server,
     assert server.authorizations == ["Bearer sk-test-123"] * 2
     judged(server.url, [answer("42")])  # without api_key_env: a placeholder, never another variable's key
     assert server.authorizations[2:] == ["Bearer none"]
+
+
+def test_a_key_missing_where_the_reward_runs_is_an_error_naming_it_and_no_request(server, monkeypatch):
+    """The driver's config check saw the key; the process that scores (an EnvRunner elsewhere) has
+    none. (Broken on purpose: as before, the openai client's own error, "Missing credentials ... or
+    set the `OPENAI_API_KEY` ...", which names another variable and not where to set it.)"""
+    monkeypatch.delenv("MY_JUDGE_KEY", raising=False)
+    values = judged(server.url, [answer("42"), answer("41")], api_key_env="MY_JUDGE_KEY")
+    assert [(value.reward, value.error) for value in values] == [
+        (-0.5, "reward 'llm_judge' raised ValueError: reward.api_key_env: the environment variable 'MY_JUDGE_KEY' "
+         f"is not set in this process (pid {os.getpid()}): set it where the EnvRunners run, e.g. in Ray's "
+         "runtime_env env_vars")
+    ] * 2  # fmt: skip
+    assert server.authorizations == []
 
 
 # --- retries and timeouts -----------------------------------------------------------------------
