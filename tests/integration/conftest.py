@@ -3,7 +3,7 @@
 
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -11,23 +11,24 @@ ray = pytest.importorskip("ray")
 
 
 @pytest.fixture(scope="session")
-def _ray_temp_dir() -> Iterator[str]:
-    """Short: Ray's sockets live under it and a Unix socket's path has at most 107 bytes (pytest's
-    own temporary folders, in pytest-xdist's worker folders, come close)."""
+def start_ray() -> Iterator[Callable[[], None]]:
+    """``start_ray()``: starts this pytest process's Ray for the integration tests. Its temporary
+    folder is short: Ray's sockets live under it and a Unix socket's path has at most 107 bytes
+    (pytest's own temporary folders, in pytest-xdist's worker folders, come close)."""
     temp_dir = tempfile.mkdtemp(prefix="ray-")
-    yield temp_dir
+    yield lambda: ray.init(num_cpus=4, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False)
     ray.shutdown()  # the session's Ray (whichever tier's file ran last), then its folder
     shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
-def ray_session(_ray_temp_dir):
+def ray_session(start_ray):
     """Ray, started for the first test file that needs it and kept for the next ones; started again
     for a file that runs after a unit or multinode file has shut it down (README's test command
     spreads the files over two pytest workers, each running files of every tier in turn); stopped
     at the end of the session."""
     if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, _temp_dir=_ray_temp_dir, log_to_driver=False)
+        start_ray()
     yield
 
 

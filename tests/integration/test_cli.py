@@ -143,7 +143,7 @@ def write(tmp_path, text: str) -> str:
     return str(path)
 
 
-def test_train_file_runs_in_a_ray_started_again_in_the_same_process(ray_session, _ray_temp_dir, tmp_path):
+def test_train_file_runs_in_a_ray_started_again_in_the_same_process(ray_session, start_ray, tmp_path):
     """Tune's registry of trainables lives in the Ray session: after ``ray.shutdown()`` and a new
     ``ray.init()`` (a notebook, or this pytest process between test files) ``run: GRPO`` must
     still be known. (Broken on purpose: without train_file's ``register_trainables()``, "Unknown
@@ -153,7 +153,7 @@ def test_train_file_runs_in_a_ray_started_again_in_the_same_process(ray_session,
     from rllib_arpo.cli import main
 
     ray.shutdown()
-    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=_ray_temp_dir, log_to_driver=False)
+    start_ray()
     small = {"held_out_interval": 0, "prompts_per_env_runner": 1, "total_rollouts": 2, "max_response_tokens": 16}
     command = ["train", "file", str(REPO / "tuned_examples" / "grpo_tiny.yaml"), "--stop", '{"training_iteration": 1}',
                "--config", json.dumps(small), "--storage-path", str(tmp_path)]  # fmt: skip

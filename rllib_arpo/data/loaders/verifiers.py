@@ -86,7 +86,7 @@ def load_verifiers(
     if "split" in (args or {}):
         raise ValueError("args.split: give split beside args, not inside them")
     spec = {"env": env, "args": dict(args or {}), "split": split}
-    spec_json = json.dumps(spec, sort_keys=True)
+    spec_json = _spec_json(spec)
     environment = _environment(spec_json)
     LOADED_SPECS.add(spec_json)
     return [verifiers_example(spec, environment, task, system_prompt) for task in environment.taskset]
@@ -121,6 +121,12 @@ def _library():
             "the verifiers dataset type needs the verifiers package: "
             "pip install rllib-arpo[verifiers] && pip install --no-deps verifiers==0.4.0"
         ) from None
+
+
+def _spec_json(spec: Mapping[str, Any]) -> str:
+    """The spec's ``env``, ``args`` and ``split`` as one JSON text: the key of ``_environment``'s
+    cache and of ``LOADED_SPECS``, written alike by the loader and read alike from a row."""
+    return json.dumps({key: spec.get(key) for key in ("env", "args", "split")}, sort_keys=True)
 
 
 @functools.cache
@@ -203,7 +209,7 @@ def verifiers_reward(
     if "verifiers" not in row:
         raise ValueError("the row has no 'verifiers' column: this reward scores the verifiers dataset type")
     scoring = row["verifiers"]
-    spec_json = json.dumps({key: scoring.get(key) for key in ("env", "args", "split")}, sort_keys=True)
+    spec_json = _spec_json(scoring)
     if spec_json not in LOADED_SPECS:
         raise ValueError(
             f"the row's verifiers environment {reprlib.repr(scoring.get('env'))} is none this run loaded: the "
