@@ -9,6 +9,7 @@ dry run and ``rllib evaluate`` make the same choice before they print or build a
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,12 @@ def cpu_flags() -> frozenset[str]:
 def cpu_model() -> str:
     """The CPU's model name as /proc/cpuinfo gives it (a virtual machine may shorten it)."""
     return cpuinfo_value("model name") or "unknown CPU"
+
+
+def usable_cores() -> int:
+    """The logical CPUs this process may run on: its affinity mask where the OS has one (``taskset``,
+    a container's cpuset, a test worker's share), else every CPU of the machine."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def cuda_device() -> tuple[str, bool] | None:

@@ -132,10 +132,11 @@ def describe_machine() -> dict:
     """The GPU (``nvidia-smi``; none on a CPU machine), the CPU, Python and package versions."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from rllib_arpo.hardware import cpu_flags, cpu_model
+    from rllib_arpo.hardware import cpu_flags, cpu_model, usable_cores
 
     native = sorted(flag for flag in cpu_flags() if flag in ("amx_bf16", "avx512_bf16", "avx512f", "avx2"))
-    figures = {"python": platform.python_version(), "cpu": cpu_model(), "cpu_flags": native, "cpu_cores": cpu_count()}
+    figures = {"python": platform.python_version(), "cpu": cpu_model(), "cpu_flags": native}
+    figures["cpu_cores"] = usable_cores()
     query = "name,driver_version,memory.total"
     try:
         smi = subprocess.run(
@@ -153,12 +154,6 @@ def describe_machine() -> dict:
 
     figures["cuda"] = torch.version.cuda
     return figures
-
-
-def cpu_count() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
 
 
 def check_command(device: str, pieces: list[str]) -> Callable[[Path], list[str]]:

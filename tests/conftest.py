@@ -30,6 +30,32 @@ TIERS = ("integration", "multinode", "vllm", "models", "unit")
 os.environ["RAY_ADDRESS"] = "local"
 
 
+def _pin_this_worker_to_its_share_of_the_cores() -> None:
+    """Under pytest-xdist, this worker and every process it starts (its Ray, vLLM's engines, the
+    scripts it runs) keep to their own share of the cores, with OpenMP and BLAS pools that size.
+
+    Two processes whose torch pools each spanned both cores of a 2-core machine ran a matmul loop
+    5x slower than alone (24 s against 4.6 s; on one core each, 4.6 s): OpenMP threads spin on a
+    core the other process holds. Under README's ``-n 2`` a Tune run that takes 30 s alone took
+    5 minutes beside the other worker's vLLM engine, and in one CI run a 1-iteration training did
+    not end in 10 minutes."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker is None or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= count:
+        share = cores[int(worker.removeprefix("gw")) % count :: count]
+        os.sched_setaffinity(0, share)
+    threads = str(max(1, len(cores) // count))
+    for pool in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[pool] = threads
+    if "torch" in sys.modules:  # imported by a plugin before this file: its pool is already sized
+        sys.modules["torch"].set_num_threads(int(threads))
+
+
+_pin_this_worker_to_its_share_of_the_cores()
+
+
 def tier_of(path) -> str | None:
     """The tier of a test file under tests/ (None for one outside it)."""
     try:

@@ -14,14 +14,28 @@ from rllib_arpo.cold_start.saved_tiny_policy import save_tiny_policy
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_script(name: str, *arguments: str, cache: Path, **env: str) -> str:
+def run_script(name: str, *arguments: str, cache: Path, logs: Path | None = None, **env: str) -> str:
     """``python scripts/NAME ARGUMENTS`` with the test session's tiny policy (and ``env`` on top of
-    this environment); its stdout."""
+    this environment); its stdout. A script that fails or runs past 10 minutes fails the test with
+    the ends of its output and of the ``*.log`` files in ``logs`` (where a script writes what the
+    runs it starts print)."""
     env = {**os.environ, "RLLIB_ARPO_CACHE": str(cache), **env}
     command = [sys.executable, str(REPO / "scripts" / name), *arguments]
-    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
+    try:
+        completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired as timeout:  # its output is bytes, whatever text= says
+        output = [(stream or b"").decode(errors="replace") for stream in (timeout.stdout, timeout.stderr)]
+        pytest.fail(f"{name} ran past 10 minutes\n" + ends_of(*output, logs), pytrace=False)
+    assert completed.returncode == 0, ends_of(completed.stdout, completed.stderr, logs)
     return completed.stdout
+
+
+def ends_of(stdout: str, stderr: str, logs: Path | None) -> str:
+    """The last lines of a script's ``stdout`` and ``stderr`` and of each ``*.log`` in ``logs``."""
+    ends = [f"stdout: ...{stdout[-2000:]}", f"stderr: ...{stderr[-3000:]}"]
+    for log in sorted(logs.glob("*.log")) if logs else []:
+        ends.append(f"{log.name}: ...{log.read_text(errors='replace')[-3000:]}")
+    return "\n".join(ends)
 
 
 def test_rl_sanity_prints_its_curve_and_a_verdict(tiny_policy_cache, tmp_path):
@@ -260,7 +274,7 @@ def test_compare_algorithms_tabulates_and_resumes(tiny_policy_cache, tmp_path):
         "--results", str(tmp_path / "runs.jsonl"), "--storage-path", str(tmp_path / "runs"),
         "--out", str(tmp_path / "cmp"),
     ]  # fmt: skip
-    out = run_script("compare_algorithms.py", *arguments, cache=tiny_policy_cache)
+    out = run_script("compare_algorithms.py", *arguments, cache=tiny_policy_cache, logs=tmp_path / "runs")
     runs = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
     assert [(r["config"], r["seed"]) for r in runs] == [("arpo_tiny", 0), ("grpo_tiny", 0)]
     assert [[i for i, _ in r["held_out_curve"]] for r in runs] == [[0, 1], [0, 1]]  # before and after the update
@@ -270,7 +284,7 @@ def test_compare_algorithms_tabulates_and_resumes(tiny_policy_cache, tmp_path):
     table = (tmp_path / "cmp.md").read_text()
     assert [line.split("|")[1].strip() for line in table.splitlines()[2:]] == ["arpo_tiny", "grpo_tiny"]
     # the runs on file are not run again: the same table, nothing appended
-    again = run_script("compare_algorithms.py", *arguments, cache=tiny_policy_cache)
+    again = run_script("compare_algorithms.py", *arguments, cache=tiny_policy_cache, logs=tmp_path / "runs")
     assert again.strip().endswith(table.strip()) and len((tmp_path / "runs.jsonl").read_text().splitlines()) == 2
     assert out.strip().endswith(table.strip())
 
