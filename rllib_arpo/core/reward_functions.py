@@ -2,13 +2,15 @@
 
 The rewards group's ``reward`` field names the reward RL trains on::
 
-    reward: {fn: "my_pkg.rewards:score", batched: false, fallback: 0.0, my_option: 3}
+    reward: {fn: "my_pkg.rewards:score", batched: false, fallback: 0.0, timeout_s: 600, workers: 1,
+             my_option: 3}
 
 ``fn`` is a ``REWARDS`` entry (the built-in ``hierarchical``, ``core.rewards``) or an import path
-``module:attribute``; every key besides ``fn``, ``batched`` and ``fallback`` is an option, passed
-to the function as a keyword argument. ``resolve_reward`` imports the function and checks its
-signature against the call when the config is built, so a path that does not import or a function
-that cannot take the call is one line before Ray starts.
+``module:attribute``; every key besides ``SPEC_KEYS`` (``fn``, ``batched``, ``fallback``,
+``timeout_s``, ``workers``) is an option, passed to the function as a keyword argument.
+``resolve_reward`` imports the function and checks its signature against the call when the config
+is built, so a path that does not import or a function that cannot take the call is one line
+before Ray starts.
 
 The call, once per trajectory::
 
@@ -39,9 +41,12 @@ the driver (``config_rules``): what only the world can say, such as whether a ju
 answers, is asked once there rather than in every EnvRunner.
 
 A reward that fails at run time (it raises, returns NaN or inf, something that is not a number, a
-mapping without ``"reward"``, or a batched list of another length) scores the trajectory with
-``fallback`` and S = 0; the failure travels with the score (``RewardValue.error``) for the
-EnvRunner to count, and the run goes on.
+mapping without ``"reward"``, or a batched list of another length, or its call has no result
+``timeout_s`` seconds after it started) scores the trajectory with ``fallback`` and S = 0; the
+failure travels with the score (``RewardValue.error``) for the EnvRunner to count, and the run goes
+on. The calls of a batch run on up to ``workers`` threads at once, in their order, each with its
+time limit (``rollout.scoring``; a call that hangs is left behind on its thread): a reward that
+waits on a server or a test runner can be scored several calls at a time.
 """
 
 from __future__ import annotations
@@ -63,7 +68,21 @@ CALL_KEYWORDS = ("response", "row", "tool_calls")
 BATCHED_CALL_KEYWORDS = ("responses", "row", "tool_calls")
 SETTINGS_KEYWORDS = ("settings", "tool_tags")
 STEP_REWARDS_KEYWORD = "step_rewards"
-SPEC_KEYS = ("fn", "batched", "fallback")
+SPEC_KEYS = ("fn", "batched", "fallback", "timeout_s", "workers")
+DEFAULT_TIMEOUT_S = 600.0
+"""``reward.timeout_s`` by default: more than any honest reward call takes (an LLM judge's batched
+call with its retries included), less than the hours a hung one would stall a run."""
+
+Outcome = tuple[Any, BaseException | None]
+"""What one call of the function came to: ``(returned, None)`` or ``(None, the exception)``; a call
+without a result in time is ``(None, RewardTimeout(...))``."""
+
+
+class RewardTimeout(TimeoutError):
+    """A reward call had no result ``timeout_s`` seconds after it started."""
+
+    def __init__(self, timeout_s: float):
+        super().__init__(f"had no result {timeout_s:g} s after its call started (reward.timeout_s)")
 
 
 @dataclass(frozen=True)
@@ -118,6 +137,8 @@ class RewardFunction:
         fn: the function.
         batched: one call per prompt group instead of one per trajectory.
         fallback: the reward of a trajectory whose reward failed.
+        timeout_s: the time limit of one call, after which its trajectories score ``fallback``.
+        workers: calls of a batch run at once (module docstring).
         options: the keyword arguments of every call, from the config.
         takes_settings: also called with ``settings`` and ``tool_tags`` (``RewardEntry``).
         check: the entry's check of the options (``RewardEntry``), None where it has none.
@@ -128,6 +149,8 @@ class RewardFunction:
     batched: bool = False
     fallback: float = 0.0
     options: Mapping[str, Any] = field(default_factory=dict)
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    workers: int = 1
     takes_settings: bool = False
     check: Callable[..., None] | None = None
 
@@ -167,7 +190,7 @@ class RewardFunction:
         if self.check is not None:
             self.check(**self.options)
 
-    def score(
+    def calls(
         self,
         responses: Sequence[str],
         row: Mapping[str, Any],
@@ -175,8 +198,9 @@ class RewardFunction:
         settings: Any,
         tool_tags: Sequence[str],
         step_rewards: Sequence[Sequence[float]] | None = None,
-    ) -> list[RewardValue]:
-        """The ``RewardValue`` of each response of one prompt group; never raises for the function.
+    ) -> list[Callable[[], Any]]:
+        """The calls of the function that score one prompt group: one per response, or one for the
+        group where ``batched``.
 
         Args:
             responses: the group's responses; ``tool_calls[i]``: the tool calls of response i.
@@ -189,29 +213,49 @@ class RewardFunction:
         context = {"settings": settings, "tool_tags": tuple(tool_tags)} if self.takes_settings else {}
         call = functools.partial(self.fn, row=row, **context, **self.options)
         steps = [list(rewards) for rewards in step_rewards] if step_rewards is not None else [[] for _ in responses]
+        if self.batched:
+            group = {"responses": list(responses), "tool_calls": list(tool_calls), **self._steps(steps)}
+            return [functools.partial(call, **group)]
+        return [
+            functools.partial(call, response=response, tool_calls=calls, **self._steps(rewards))
+            for response, calls, rewards in zip(responses, tool_calls, steps)
+        ]
+
+    def values(self, outcomes: Sequence[Outcome], count: int) -> list[RewardValue]:
+        """The ``RewardValue`` of each of a group's ``count`` responses from the ``outcomes`` of its
+        ``calls``, in order; a failed call fails its responses, never raises."""
         if not self.batched:
-            return [
-                self._guarded(functools.partial(call, response=response, tool_calls=calls, **self._steps(rewards)))
-                for response, calls, rewards in zip(responses, tool_calls, steps)
-            ]
-        try:
-            returned = call(responses=list(responses), tool_calls=list(tool_calls), **self._steps(steps))
-        except Exception as error:
-            return [self._failed(f"raised {_one_line(error)}")] * len(responses)
-        if isinstance(returned, (str, bytes)) or not isinstance(returned, Sequence) or len(returned) != len(responses):
-            return [self._failed(f"returned {reprlib.repr(returned)} for {len(responses)} responses")] * len(responses)
-        return [self._guarded(functools.partial(_returned_or_raised, value)) for value in returned]
+            return [self._value(outcome) for outcome in outcomes]
+        ((returned, error),) = outcomes
+        if error is not None:
+            return [self._failed(_failure(error))] * count
+        if isinstance(returned, (str, bytes)) or not isinstance(returned, Sequence) or len(returned) != count:
+            return [self._failed(f"returned {reprlib.repr(returned)} for {count} responses")] * count
+        return [self._value((value, value if isinstance(value, Exception) else None)) for value in returned]
+
+    def score(
+        self,
+        responses: Sequence[str],
+        row: Mapping[str, Any],
+        tool_calls: Sequence[Mapping[str, int]],
+        settings: Any,
+        tool_tags: Sequence[str],
+        step_rewards: Sequence[Sequence[float]] | None = None,
+    ) -> list[RewardValue]:
+        """The ``RewardValue`` of each response of one prompt group (the arguments of ``calls``),
+        its calls made here one after another, without a time limit."""
+        calls = self.calls(responses, row, tool_calls, settings, tool_tags, step_rewards)
+        return self.values([run_call(call) for call in calls], len(responses))
 
     def _steps(self, step_rewards: list) -> dict[str, list]:
         """``{"step_rewards": step_rewards}`` for a function that takes them, else nothing."""
         return {STEP_REWARDS_KEYWORD: step_rewards} if self.takes_step_rewards else {}
 
-    def _guarded(self, call: Callable[[], Any]) -> RewardValue:
-        """The ``RewardValue`` of what ``call`` returns, or the fallback and why."""
-        try:
-            returned = call()
-        except Exception as error:
-            return self._failed(f"raised {_one_line(error)}")
+    def _value(self, outcome: Outcome) -> RewardValue:
+        """The ``RewardValue`` of what one call returned, or the fallback and why it failed."""
+        returned, error = outcome
+        if error is not None:
+            return self._failed(_failure(error))
         try:
             return _reward_value(returned)
         except ValueError as problem:
@@ -221,11 +265,17 @@ class RewardFunction:
         return RewardValue(self.fallback, 0.0, {}, f"reward {self.name!r} {why}")
 
 
-def _returned_or_raised(value: Any) -> Any:
-    """A batched reward's value of one response, raised where it is an exception."""
-    if isinstance(value, Exception):
-        raise value
-    return value
+def run_call(call: Callable[[], Any]) -> Outcome:
+    """The ``Outcome`` of ``call()`` made here."""
+    try:
+        return call(), None
+    except Exception as error:
+        return None, error
+
+
+def _failure(error: BaseException) -> str:
+    """Why a call failed, for ``RewardValue.error``."""
+    return str(error) if isinstance(error, RewardTimeout) else f"raised {_one_line(error)}"
 
 
 def _reward_value(returned: Any) -> RewardValue:
@@ -270,15 +320,22 @@ def resolve_reward(spec: Any) -> RewardFunction:
     if not isinstance(spec, Mapping) or "fn" not in spec:
         raise ValueError(f"reward: expected a mapping with 'fn' (a reward name or module:attribute), got {spec!r}")
     name, batched, fallback = spec["fn"], spec.get("batched", False), spec.get("fallback", 0.0)
+    timeout_s, workers = spec.get("timeout_s", DEFAULT_TIMEOUT_S), spec.get("workers", 1)
     if not isinstance(name, str):
         raise ValueError(f"reward.fn: expected a reward name or module:attribute, got {name!r}")
     if not isinstance(batched, bool):
         raise ValueError(f"reward.batched: expected true or false, got {batched!r}")
     if isinstance(fallback, bool) or not isinstance(fallback, numbers.Real) or not math.isfinite(fallback):
         raise ValueError(f"reward.fallback: expected a finite number, got {fallback!r}")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:
+        raise ValueError(f"reward.timeout_s: expected a number of seconds > 0, got {timeout_s!r}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"reward.workers: expected a whole number >= 1, got {workers!r}")
     options = {key: value for key, value in spec.items() if key not in SPEC_KEYS}
     entry = _imported(name) if ":" in name else _registered(name)
-    reward = RewardFunction(name, entry.fn, batched, float(fallback), options, entry.takes_settings, entry.check)
+    reward = RewardFunction(
+        name, entry.fn, batched, float(fallback), options, float(timeout_s), workers, entry.takes_settings, entry.check
+    )
     for key in options:
         if key in reward.call_keywords:
             raise ValueError(f"reward.{key}: {key!r} is an argument of the call, not an option")

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rllib_arpo.core.reward_functions import RewardValue
+from rllib_arpo.core.reward_functions import Outcome, RewardTimeout, RewardValue
 from rllib_arpo.core.rewards import (
     RewardBreakdown,
     RewardSettings,
@@ -25,6 +25,7 @@ from rllib_arpo.core.rewards import (
 )
 from rllib_arpo.core.tree import RolloutTree
 from rllib_arpo.data.examples import PromptExample
+from rllib_arpo.time_limit import TimedCall, calls_with_time_limit
 
 
 def score_trees(
@@ -38,13 +39,15 @@ def score_trees(
 
     A trajectory's response (tool results included) is decoded without special tokens and scored
     by the configured reward (``settings.reward``) against its example's row; ``tool_tags`` are
-    the tools of the run (the format check knows those tags). The format check and the extracted
-    answer are the breakdown's whatever the reward, for the metrics.
+    the tools of the run (the format check knows those tags). The reward's calls of the whole batch
+    run on up to ``reward.workers`` threads at once, each with the time limit ``reward.timeout_s``
+    (``time_limit.calls_with_time_limit``): one that has no result by then scores ``fallback``. The
+    format check and the extracted answer are the breakdown's whatever the reward, for the metrics.
     """
     if len(trees) != len(examples):
         raise ValueError(f"{len(trees)} trees for {len(examples)} examples")
     reward = settings.reward_function()
-    scores = []
+    groups, calls = [], []
     for tree, example in zip(trees, examples):
         responses = [
             tokenizer.decode(tree.trajectory_response_ids(i), skip_special_tokens=True)
@@ -52,9 +55,20 @@ def score_trees(
         ]
         tool_calls = [tree.tool_calls(i) for i in range(tree.num_trajectories)]
         step_rewards = [tree.step_rewards(i) for i in range(tree.num_trajectories)]
-        values = reward.score(responses, example.row(), tool_calls, settings, tool_tags, step_rewards)
+        groups.append(responses)
+        calls.append(reward.calls(responses, example.row(), tool_calls, settings, tool_tags, step_rewards))
+    flat = [call for group_calls in calls for call in group_calls]
+    timed = iter(calls_with_time_limit(flat, reward.timeout_s, reward.workers, "reward"))
+    scores = []
+    for responses, group_calls in zip(groups, calls):
+        values = reward.values([_outcome(next(timed), reward.timeout_s) for _ in group_calls], len(responses))
         scores.append([_breakdown(response, value, tool_tags) for response, value in zip(responses, values)])
     return scores
+
+
+def _outcome(timed: TimedCall, timeout_s: float) -> Outcome:
+    """The ``Outcome`` of a reward call that ran with a time limit."""
+    return (None, RewardTimeout(timeout_s)) if timed.timed_out else (timed.value, timed.error)
 
 
 def _breakdown(response: str, value: RewardValue, tool_tags: Sequence[str]) -> RewardBreakdown:

@@ -216,6 +216,60 @@ def test_numpy_and_torch_scalars_are_numbers(myext, returned, reward, components
     assert (scored.reward, scored.correctness, scored.components, scored.error) == (reward, reward, components, None)
 
 
+def test_a_reward_call_that_hangs_scores_the_fallback_when_its_time_is_up(myext):
+    """``reward.timeout_s``: a call without a result by then fails its trajectory (one of a
+    per-trajectory reward, all of a batched call's group) and the batch goes on. (Broken on purpose:
+    score_trees calling the reward without the time limit hangs on the first call.)"""
+    myext("""
+        import threading
+        release = threading.Event()
+        def score(response, row, tool_calls):
+            if response == "hang":
+                release.wait()
+            return 1.0
+        def judge(responses, row, tool_calls):
+            return [score(response, row, tool_calls) for response in responses]
+    """)
+    try:
+        settings = RewardSettings(reward={"fn": "myext:score", "timeout_s": 0.2, "fallback": -1.0})
+        [scores] = score(settings, [tree_of("a", "hang", "b")], [example()])
+        why = "reward 'myext:score' had no result 0.2 s after its call started (reward.timeout_s)"
+        assert [(s.reward, s.error) for s in scores] == [(1.0, None), (-1.0, why), (1.0, None)]
+        assert reward_metrics(scores) == {"reward_errors": 1.0}
+        settings = RewardSettings(reward={"fn": "myext:judge", "batched": True, "timeout_s": 0.2})
+        groups = score(settings, [tree_of("a", "hang"), tree_of("b")], [example(), example()])
+        assert [[s.reward for s in group] for group in groups] == [[0.0, 0.0], [1.0]]
+        assert groups[0][0].error == why.replace("score", "judge")
+    finally:
+        sys.modules["myext"].release.set()
+
+
+def test_the_calls_of_a_batch_run_on_reward_workers_threads_at_once_in_order(myext):
+    """``reward.workers`` 2: the calls of every prompt group of the batch run two at a time (each
+    pair meets at a barrier of two, which one at a time would never pass), never three, and each
+    result lands on its own trajectory. (Broken on purpose: workers ignored, one at a time: every
+    call waits out the barrier and scores the fallback.)"""
+    myext("""
+        import threading
+        meet, lock, running, most = threading.Barrier(2), threading.Lock(), [0], [0]
+        def score(response, row, tool_calls):
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            meet.wait(timeout=30)
+            with lock:
+                running[0] -= 1
+            return float(response)
+    """)
+    settings = RewardSettings(reward={"fn": "myext:score", "workers": 2})
+    groups = score(settings, [tree_of("1", "2", "3"), tree_of("4")], [example(), example()])
+    assert [[(s.reward, s.error) for s in group] for group in groups] == [
+        [(1.0, None), (2.0, None), (3.0, None)],
+        [(4.0, None)],
+    ]
+    assert sys.modules["myext"].most == [2]
+
+
 def test_only_the_trajectory_whose_reward_failed_gets_the_fallback(myext):
     myext("""
         def score(response, row, tool_calls):
@@ -280,6 +334,10 @@ SCORE = "def score(response, row, tool_calls, my_option=0):\n    return 1.0\n"
         ({"fn": "myext:score", "fallback": "low"}, "reward.fallback: expected a finite number, got 'low'"),
         ({"fn": "myext:score", "fallback": True}, "reward.fallback: expected a finite number, got True"),
         ({"fn": "myext:score", "row": {}}, "reward.row: 'row' is an argument of the call, not an option"),
+        ({"fn": "myext:score", "timeout_s": 0}, "reward.timeout_s: expected a number of seconds > 0, got 0"),
+        ({"fn": "myext:score", "timeout_s": "1h"}, "reward.timeout_s: expected a number of seconds > 0, got '1h'"),
+        ({"fn": "myext:score", "workers": 0}, "reward.workers: expected a whole number >= 1, got 0"),
+        ({"fn": "myext:score", "workers": 1.5}, "reward.workers: expected a whole number >= 1, got 1.5"),
         ({"fn": 3}, "reward.fn: expected a reward name or module:attribute, got 3"),
         (
             {"batched": True},
