@@ -122,7 +122,7 @@ class ToolSettings:
         _at_least({"tool_workers": (self.tool_workers, 1)})
         if not self.tool_timeout_s > 0:
             raise ValueError(f"tool_timeout_s must be > 0, got {self.tool_timeout_s!r}")
-        resolve_environment(self.stateful_env)
+        resolve_environment(self.stateful_env, self.tool_timeout_s)
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ def reward_passes_its_check(config: Any) -> None:
 def forks_need_a_copyable_environment(config: Any) -> None:
     """A fork gives the child its own copy of the parent's environment, by ``clone()`` or by replay
     (``rollout.episodes``); an environment that offers neither runs without forks."""
-    spec = resolve_environment(config.stateful_env)
+    spec = resolve_environment(config.stateful_env, config.tool_timeout_s)
     if spec is not None and not spec.can_fork and from_config(RolloutSettings, config).rule.branches:
         raise ValueError(
             f"environment {spec.name!r} has no clone() and is not deterministic, so a fork cannot copy it: "

@@ -280,7 +280,7 @@ def environment_section(planned: PlannedExperiment) -> str:
     from rllib_arpo.environments import resolve_environment
 
     config = planned.config
-    spec = resolve_environment(config.stateful_env)
+    spec = resolve_environment(config.stateful_env, config.tool_timeout_s)
     if spec is None:
         return "none (stateful_env: null): the tools answer each call afresh"
     row = load_dataset(config.dataset)[0].row()

@@ -28,12 +28,13 @@ instance is reset with the row and given the branch's actions again, which is ri
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from rllib_arpo.core.registry import Registry
 from rllib_arpo.core.reward_functions import import_function
+from rllib_arpo.time_limit import call_with_time_limit
 
 
 @runtime_checkable
@@ -87,10 +88,12 @@ class EnvironmentSpec:
         return self.cls(**self.options)
 
 
-def resolve_environment(spec: Any) -> EnvironmentSpec | None:
+def resolve_environment(spec: Any, timeout_s: float) -> EnvironmentSpec | None:
     """The ``EnvironmentSpec`` the config's ``stateful_env`` names (None for none); a ValueError
     names the key at fault: an unknown name, a path that does not import, options its constructor
-    does not take, or an instance without the protocol's members."""
+    does not take, an instance without the protocol's members, or a constructor (or ``close``)
+    that does not return within ``timeout_s`` (the config's ``tool_timeout_s``; it is left to its
+    thread)."""
     if spec is None:
         return None
     if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str):
@@ -105,9 +108,11 @@ def resolve_environment(spec: Any) -> EnvironmentSpec | None:
     except TypeError as error:
         raise ValueError(f"stateful_env: bad options for {name!r} {options}: {error}") from None
     try:
-        instance = cls(**options)
+        instance = _within(lambda: cls(**options), timeout_s, f"{cls.__qualname__}(...)")
     except (TypeError, ValueError) as error:
         raise ValueError(f"stateful_env: {name!r} rejects its options: {error}") from None
+    except TimeoutError as error:
+        raise ValueError(f"stateful_env: {name!r}: {error}") from None
     missing = [member for member in ("reset", "step") if not callable(getattr(instance, member, None))]
     tag = getattr(instance, "action_tag", None)
     if missing:
@@ -116,7 +121,10 @@ def resolve_environment(spec: Any) -> EnvironmentSpec | None:
         raise ValueError(f"stateful_env: {name!r} needs an action_tag that is a name, like 'move', got {tag!r}")
     close = getattr(instance, "close", None)
     if callable(close):
-        close()
+        try:
+            _within(close, timeout_s, f"{cls.__qualname__}.close()")
+        except TimeoutError as error:
+            raise ValueError(f"stateful_env: {name!r}: {error}") from None
     return EnvironmentSpec(
         name,
         cls,
@@ -125,3 +133,14 @@ def resolve_environment(spec: Any) -> EnvironmentSpec | None:
         can_clone=callable(getattr(instance, "clone", None)),
         deterministic=bool(getattr(instance, "deterministic", False)),
     )
+
+
+def _within(function: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """``function()``'s value or exception, or a TimeoutError saying that ``what`` did not return
+    within ``timeout_s`` (the call is left to its daemon thread)."""
+    timed = call_with_time_limit(function, timeout_s, "environment-check")
+    if timed.timed_out:
+        raise TimeoutError(f"{what} did not return within {timeout_s:g} s (tool_timeout_s)")
+    if timed.error is not None:
+        raise timed.error
+    return timed.value

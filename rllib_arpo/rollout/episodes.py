@@ -42,7 +42,7 @@ def with_environment(
     """The tool options and the ``Episodes`` of a run whose config has ``stateful_env`` (None: no
     environment, the tools as they are): a tool named like the environment's action tag gives way
     to it (``python_session`` acts with ``<python>`` in place of the stateless ``python`` tool)."""
-    spec = resolve_environment(stateful_env)
+    spec = resolve_environment(stateful_env, timeout_s)
     if spec is None:
         return dict(tools), None
     return {name: options for name, options in tools.items() if name != spec.action_tag}, Episodes(

@@ -12,11 +12,13 @@ action moves by its number plus a draw of the instance's own generator, seeded b
 from __future__ import annotations
 
 import copy
+import threading
 import time
 
 import numpy as np
 import pytest
 
+from rllib_arpo.config_rules import validate_config
 from rllib_arpo.core.reward_functions import resolve_reward
 from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.data.examples import PromptExample
@@ -60,7 +62,7 @@ class ClonableWalk(Walk):
 
 
 def spec(cls=ClonableWalk, **options) -> EnvironmentSpec:
-    return resolve_environment({"name": f"{__name__}:{cls.__name__}", **options})
+    return resolve_environment({"name": f"{__name__}:{cls.__name__}", **options}, 5.0)
 
 
 def walk_observations(seed: int, actions: list[str]) -> list[str]:
@@ -75,7 +77,7 @@ def test_the_spec_reads_tag_clone_and_determinism_from_the_class():
     clonable, replayed = spec(ClonableWalk), spec(Walk)
     assert (clonable.action_tag, clonable.fork_method, replayed.fork_method) == ("move", "clone", "replay")
     assert spec(ClonableWalk, goal=3).build().goal == 3
-    assert resolve_environment(None) is None
+    assert resolve_environment(None, 5.0) is None
 
 
 class Dice(Walk):
@@ -98,16 +100,45 @@ class Untagged(Walk):
 )
 def test_a_bad_environment_is_one_line_naming_it(environment, message):
     with pytest.raises(ValueError, match=message):
-        resolve_environment(environment)
+        resolve_environment(environment, 5.0)
 
 
 def test_an_environment_that_cannot_be_copied_must_run_without_forks(small_config):
-    from rllib_arpo.config_rules import validate_config
-
     config = small_config.tool_use(stateful_env={"name": f"{__name__}:Dice"})
     with pytest.raises(ValueError, match="has no clone\\(\\) and is not deterministic.*set branching: none"):
         validate_config(config)
     validate_config(config.rollouts(branching="none"))
+
+
+class Stalls(Walk):
+    """Its constructor (``part: build``) or its ``close`` (``part: close``) waits for ``release``:
+    at most 5 s, so that a check without a time limit goes on and passes."""
+
+    release = threading.Event()
+
+    def __init__(self, part: str = "build"):
+        super().__init__()
+        self.part = part
+        if part == "build":
+            self.release.wait(5)
+
+    def close(self):
+        if self.part == "close":
+            self.release.wait(5)
+
+
+@pytest.mark.parametrize(("part", "call"), [("build", "Stalls(...)"), ("close", "Stalls.close()")])
+def test_a_constructor_or_close_that_hangs_fails_the_config_check_in_one_line(small_config, monkeypatch, part, call):
+    monkeypatch.setattr(Stalls, "release", threading.Event())
+    try:
+        with pytest.raises(ValueError) as raised:
+            small_config.tool_use(stateful_env={"name": f"{__name__}:Stalls", "part": part}, tool_timeout_s=0.2)
+            validate_config(small_config)
+    finally:
+        Stalls.release.set()
+    assert (
+        str(raised.value) == f"stateful_env: '{__name__}:Stalls': {call} did not return within 0.2 s (tool_timeout_s)"
+    )
 
 
 def test_the_dry_run_shows_how_the_environment_is_acted_on_copied_and_first_seen(small_config):

@@ -147,10 +147,10 @@ def test_a_text_space_environment_plays_its_strings_seeded_by_the_row(secret_wor
 
 
 def test_an_environment_that_does_not_deep_copy_forks_by_replay(secret_word):
-    lake = resolve_environment({"name": "gymnasium", **FROZEN_LAKE})
+    lake = resolve_environment({"name": "gymnasium", **FROZEN_LAKE}, 30.0)
     assert (lake.fork_method, lake.action_tag) == ("clone", "move")
-    assert resolve_environment({"name": "gymnasium", **FROZEN_LAKE, "clone": False}).fork_method == "replay"
-    locked = resolve_environment({"name": "gymnasium", "id": "LockedSecretWord-v0"})
+    assert resolve_environment({"name": "gymnasium", **FROZEN_LAKE, "clone": False}, 30.0).fork_method == "replay"
+    locked = resolve_environment({"name": "gymnasium", "id": "LockedSecretWord-v0"}, 30.0)
     assert (locked.fork_method, locked.can_fork) == ("replay", True)
     assert not hasattr(locked.build(), "clone")
 
@@ -167,5 +167,5 @@ def test_an_environment_that_does_not_deep_copy_forks_by_replay(secret_word):
 )
 def test_bad_options_are_one_line_naming_the_option(options, message):
     with pytest.raises(ValueError, match=rf"'gymnasium' rejects its options: {message}") as error:
-        resolve_environment({"name": "gymnasium", **options})
+        resolve_environment({"name": "gymnasium", **options}, 30.0)
     assert "\n" not in str(error.value)

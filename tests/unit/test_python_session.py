@@ -27,7 +27,7 @@ def answer(env: PythonSession, code: str) -> str:
 
 
 def test_it_is_registered_and_forks_by_clone():
-    spec = resolve_environment({"name": "python_session", "timeout_s": 5})
+    spec = resolve_environment({"name": "python_session", "timeout_s": 5}, 5.0)
     assert (spec.action_tag, spec.can_clone, spec.deterministic, spec.fork_method) == ("python", True, True, "clone")
     with pytest.raises(ValueError, match="python_session: got an unexpected keyword argument 'timeout'"):
         PythonSession(timeout="5")
