@@ -67,6 +67,7 @@ from rllib_arpo.learner.rllib_compat import thawed
 from rllib_arpo.metrics_export import RayMetricsExporter
 from rllib_arpo.models.lora import LoraSettings
 from rllib_arpo.rollout.env_runner import ARPOEnvRunner, DataPosition, RolloutBatch
+from rllib_arpo.rollout.failures import check_failures
 from rllib_arpo.rollout_pipeline import RolloutPipeline, SampleFailure, batch_staleness, sample_or_failure
 from rllib_arpo.weights import WEIGHT_SYNCS
 from rllib_arpo.weights.object_store import policy_weights, tensor_bytes
@@ -364,9 +365,11 @@ class ARPO(Algorithm):
         """One ``RolloutBatch`` from every EnvRunner; their metrics go to ``env_runners/``, and the
         prompts, generated tokens and executed tool calls of every round of the iteration (DAPO
         may sample several) add up in ``self.sampled`` (logged as ``sampled/``). A batch more than
-        ``max_staleness`` versions behind the learner raises (``rollout_pipeline.batch_staleness``)."""
+        ``max_staleness`` versions behind the learner raises (``rollout_pipeline.batch_staleness``), and
+        so do batches where more than ``max_error_fraction`` of a kind failed (``rollout.failures``)."""
         batches = self.sample_rollouts()
         staleness = batch_staleness(batches, self.weights_version, self.config.max_staleness)
+        check_failures([batch.failures for batch in batches if batch.failures], self.config.max_error_fraction)
         self.metrics.aggregate([batch.runner_metrics for batch in batches], key=ENV_RUNNER_RESULTS)
         self.data_positions.update({batch.runner_index: batch.position for batch in batches})
         self.metrics.log_value("staleness_mean", float(np.mean(staleness)), window=1)

@@ -45,6 +45,7 @@ from rllib_arpo.data.registry import load_dataset
 from rllib_arpo.models.lora import LoraSettings
 from rllib_arpo.rollout.engine import ENGINES
 from rllib_arpo.rollout.episodes import with_environment
+from rllib_arpo.rollout.failures import FailureCount, sample_failures
 from rllib_arpo.rollout.scoring import (
     accuracy_by_source,
     prompts_by_source,
@@ -89,6 +90,7 @@ class RolloutBatch:
     token_kl: list[list[np.ndarray]] | None = None
     runner_metrics: dict | None = None  # get_metrics() right after this sample, in the same request
     ground_truths: list[str] | None = None
+    failures: dict[str, FailureCount] | None = None  # rollout.failures: what failed in this sample
 
 
 def build_engine(config):
@@ -195,16 +197,22 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         scores = score_trees(trees, examples, self.tokenizer, self.reward_settings, self.tool_tags)
         rewards = training_rewards(trees, scores, self.reward_settings, cfg.max_response_tokens)
         token_kl = [self.reference.token_kl(tree) for tree in trees] if self.reference else None
-        self._log_rollout_metrics(examples, trees, scores, rewards, stats, time.perf_counter() - start)
+        logged = self._log_rollout_metrics(examples, trees, scores, rewards, stats, time.perf_counter() - start)
         correctness = [np.array([score.correctness for score in tree_scores]) for tree_scores in scores]
         version, pad = self.engine.weights_version, self.tokenizer.pad_token_id
         truths = [example.ground_truth_text() for example in examples]
-        return RolloutBatch(
-            trees, rewards, correctness, version, pad, self.worker_index or 0, self.position, token_kl, None, truths
+        failures = sample_failures(
+            [score.error for tree_scores in scores for score in tree_scores],
+            [reason for tree in trees for reason in tree.finish_reasons],
+            {name: value for name, value in logged.items() if name.startswith("tool/")},
         )
+        return RolloutBatch(
+            trees, rewards, correctness, version, pad, self.worker_index or 0, self.position, token_kl, None, truths,
+            failures,
+        )  # fmt: skip
 
-    def _log_rollout_metrics(self, examples, trees, scores, trained_rewards, stats, seconds: float) -> None:
-        """One value per metric and ``sample()`` call (window 1: the latest iteration).
+    def _log_rollout_metrics(self, examples, trees, scores, trained_rewards, stats, seconds: float) -> dict:
+        """One value per metric and ``sample()`` call (window 1: the latest iteration), returned too.
         ``reward_mean`` is the configured reward; ``trained_reward_mean`` the reward RL trains on
         (with DAPO's overlong shaping, where it is on); ``per_source_metrics`` splits a mixed batch;
         ``reward_metrics`` counts the reward's failures and averages its components."""
@@ -251,6 +259,7 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         for key, value in values.items():
             self.metrics.log_value(key, float(value), window=1)
         self._count_sampled_steps(generated, trajectories, len(trees))
+        return values
 
     def _count_sampled_steps(self, tokens: int, trajectories: int, prompts: int) -> None:
         """RLlib's step counters, so its usual stop keys and throughputs work: an env step (and an

@@ -74,6 +74,13 @@ class RolloutSettings:
         "it was sampled with (`rollout_pipeline`; correct for it with `old_logprob_source: learner` and `tis_cap`). "
         "Needs `num_env_runners` >= 1.",
     )
+    max_error_fraction: float = setting(
+        0.5,
+        "An iteration where more than this share of the reward calls (`reward_errors`), of the trajectories "
+        "(ended by an environment error, `finish_reason/env_error`) or of the tool calls (`tool/<name>/failures`) "
+        "failed, at least 4 of them, stops the run with one line naming the first failure, before the learner trains "
+        "on it (`rollout.failures`); 1: never.",
+    )
 
     def __post_init__(self) -> None:
         BranchBudget(self.total_rollouts, self.global_samples, self.branch_factor)
@@ -96,6 +103,8 @@ class RolloutSettings:
         for name, (value, minimum) in at_least.items():
             if not value >= minimum:
                 raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+        if not 0.0 <= self.max_error_fraction <= 1.0:
+            raise ValueError(f"max_error_fraction must lie in [0, 1], got {self.max_error_fraction!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
         if self.early_children is not None and not isinstance(self.early_children, bool):

@@ -5,6 +5,10 @@ EnvRunner (each reward's own behaviour: tests/unit/test_llm_judge.py, test_reaso
 
 from collections import Counter
 
+import pytest
+
+from rllib_arpo.rollout.failures import TooManyFailures
+
 
 def test_an_llm_judge_scores_every_response_from_a_remote_env_runner(ray_session, small_config, judge_server):
     reward = {"fn": "llm_judge", "batched": True, "url": judge_server.url, "model": judge_server.model}
@@ -42,3 +46,20 @@ def test_reasoning_gyms_scorer_scores_its_rows_in_a_remote_env_runner(ray_sessio
     # a row without its reasoning_gym column, or a scorer the runner could not build, would be a
     # reward error scored with the fallback
     assert runners["trajectories"] == 8 and runners["reward_errors"] == 0
+
+
+def test_a_run_whose_reward_always_fails_stops_at_its_first_iteration_before_the_learner(ray_session, small_config):
+    # math.sqrt: a builtin whose signature Python cannot read, taken as it is at config time, and a
+    # TypeError at every call (it takes no keywords): every trajectory scores the fallback
+    config = small_config.rewards(reward={"fn": "math:sqrt"})
+    algo = config.build_algo()
+    try:
+        with pytest.raises(TooManyFailures) as raised:
+            algo.train()
+    finally:
+        algo.stop()
+    assert str(raised.value) == (
+        "8 of 8 reward calls (reward_errors) failed in this iteration, more than max_error_fraction 0.5; the first: "
+        "reward 'math:sqrt' raised TypeError: math.sqrt() takes no keyword arguments. The learner did not train on it."
+    )
+    assert algo.weights_version == 0  # nothing was trained or synced

@@ -17,6 +17,7 @@ from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.data.loaders.jsonl import load_jsonl
 from rllib_arpo.data.loaders.parquet import load_parquet
 from rllib_arpo.experiment_file import ConfigError, check_config
+from rllib_arpo.rollout.failures import FailureCount
 from rllib_arpo.rollout.scoring import reward_metrics, score_trees
 
 TOOL_TAGS = ("search", "python")
@@ -309,6 +310,12 @@ def test_the_env_runner_logs_the_reward_errors_and_components_and_warns_once(mye
         assert [list(rewards) for rewards in batch.rewards] == [[-0.25, 0.5]]
         logged = {key: runner.metrics.peek(key) for key in ("reward_mean", "reward_errors", "reward/size")}
         assert logged == {"reward_mean": 0.125, "reward_errors": 1.0, "reward/size": 2.0}
+        first = f"reward 'myext:score' raised RuntimeError: call {len(sys.modules['myext'].calls) - 1} failed"
+        assert batch.failures == {  # what the driver's max_error_fraction check reads (test_failures.py)
+            "reward": FailureCount(1, 2, first),
+            "environment": FailureCount(0, 2, None),
+            "tool": FailureCount(0, 0, None),
+        }
     warnings = [record.getMessage() for record in caplog.records if record.name == "rllib_arpo.rollout.env_runner"]
     assert warnings == [
         "reward 'myext:score' raised RuntimeError: call 1 failed; scored with reward.fallback (counted in "
