@@ -15,7 +15,10 @@ ends the branch with an error observation rather than training it on a state it 
 Nothing an environment does stops the rollout: a ``reset``, ``clone`` or ``step`` that raises, runs
 past ``timeout_s`` or returns something else than the protocol says ends that trajectory with an
 ``Error: ...`` observation (finish reason ``env_error``) and is counted; an instance that hung is
-abandoned to its daemon thread.
+abandoned to its daemon thread. Such a trajectory's return is partial, so whatever the reward it
+is scored with the reward's ``fallback`` and S = 0 (``fall_back_on_environment_errors``, applied by
+``rollout.scoring``): an action that makes the environment fail gets the configured fallback, not
+the return gathered before it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from rllib_arpo.core.rewards import RewardBreakdown
+from rllib_arpo.core.tree import RolloutTree
 from rllib_arpo.environments.base import Environment, EnvironmentSpec, resolve_environment
 from rllib_arpo.time_limit import call_with_time_limit
 from rllib_arpo.tools.base import MAX_ERROR_CHARS
@@ -48,6 +53,26 @@ def with_environment(
     return {name: options for name, options in tools.items() if name != spec.action_tag}, Episodes(
         spec, max_workers, timeout_s
     )
+
+
+ENV_ERROR = "env_error"
+"""The finish reason of a trajectory that an environment's failure ended."""
+
+
+def fall_back_on_environment_errors(
+    trees: Sequence[RolloutTree], scores: Sequence[Sequence[RewardBreakdown]], fallback: float
+) -> list[list[RewardBreakdown]]:
+    """``scores[p][i]``, the score of trajectory i of ``trees[p]``, with the reward ``fallback``, S = 0
+    and no components where the trajectory ended in ``ENV_ERROR`` (module docstring)."""
+    return [
+        [
+            dataclasses.replace(score, reward=fallback, correctness=0.0, bonus=0.0, components={})
+            if reason == ENV_ERROR
+            else score
+            for reason, score in zip(tree.finish_reasons, tree_scores)
+        ]
+        for tree, tree_scores in zip(trees, scores)
+    ]
 
 
 class EnvironmentFailure(Exception):

@@ -25,6 +25,7 @@ from rllib_arpo.core.rewards import (
 )
 from rllib_arpo.core.tree import RolloutTree
 from rllib_arpo.data.examples import PromptExample
+from rllib_arpo.rollout.episodes import fall_back_on_environment_errors
 from rllib_arpo.time_limit import TimedCall, calls_with_time_limit
 
 
@@ -41,8 +42,9 @@ def score_trees(
     by the configured reward (``settings.reward``) against its example's row; ``tool_tags`` are
     the tools of the run (the format check knows those tags). The reward's calls of the whole batch
     run on up to ``reward.workers`` threads at once, each with the time limit ``reward.timeout_s``
-    (``time_limit.calls_with_time_limit``): one that has no result by then scores ``fallback``. The
-    format check and the extracted answer are the breakdown's whatever the reward, for the metrics.
+    (``time_limit.calls_with_time_limit``): one that has no result by then scores ``fallback``, as
+    does a trajectory that an environment's error ended (``rollout.episodes``). The format check
+    and the extracted answer are the breakdown's whatever the reward, for the metrics.
     """
     if len(trees) != len(examples):
         raise ValueError(f"{len(trees)} trees for {len(examples)} examples")
@@ -63,7 +65,7 @@ def score_trees(
     for responses, group_calls in zip(groups, calls):
         values = reward.values([_outcome(next(timed), reward.timeout_s) for _ in group_calls], len(responses))
         scores.append([_breakdown(response, value, tool_tags) for response, value in zip(responses, values)])
-    return scores
+    return fall_back_on_environment_errors(trees, scores, reward.fallback)
 
 
 def _outcome(timed: TimedCall, timeout_s: float) -> Outcome:

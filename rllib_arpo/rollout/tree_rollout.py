@@ -38,7 +38,7 @@ from rllib_arpo.core.branching import BranchBudget, BranchingPolicy, aepo_global
 from rllib_arpo.core.entropy import window_mean_entropy
 from rllib_arpo.core.tree import BranchPoint, RolloutTree, SegmentKind
 from rllib_arpo.rollout.engine import Generation, GenerationEngine, SamplingParams
-from rllib_arpo.rollout.episodes import EnvironmentStats, Episode, Episodes
+from rllib_arpo.rollout.episodes import ENV_ERROR, EnvironmentStats, Episode, Episodes
 from rllib_arpo.rollout.settings import RolloutSettings
 from rllib_arpo.tools.base import ToolCall, ToolExecutor, encode_tool_result, find_tool_call
 
@@ -361,22 +361,25 @@ class TreeRollout:
         for (path, call), outcome in zip(actions, outcomes):
             tree = trees[path.tree]
             tree.segments[path.node].reward = outcome.reward  # r_t of the action that ends this segment
-            if not self._append_answer(tree, path, call.name, outcome.observation, stats):
+            failed = outcome.error is not None
+            overflow = ENV_ERROR if failed else "length"
+            if not self._append_answer(tree, path, call.name, outcome.observation, stats, overflow):
                 continue
-            if outcome.error is not None or outcome.done:
-                self._finish(tree, path, "env_error" if outcome.error is not None else "env_done", stats)
+            if failed or outcome.done:
+                self._finish(tree, path, ENV_ERROR if failed else "env_done", stats)
             else:
                 continuing.append(path)
         order = {id(path): k for k, (path, _) in enumerate(pending)}
         return sorted(continuing, key=lambda path: order[id(path)])
 
-    def _append_answer(self, tree, path: _Path, name: str, text: str, stats) -> bool:
+    def _append_answer(self, tree, path: _Path, name: str, text: str, stats, overflow: str = "length") -> bool:
         """Append a tool's result or an environment's observation to the path as a TOOL segment;
-        False where it does not fit the response budget and the path ended (``length``)."""
+        False where it does not fit the response budget and the path ended (finish reason
+        ``overflow``: ``env_error`` for an environment's error, which ends the path either way)."""
         s = self.settings
         result_ids = encode_tool_result(self.engine.tokenizer, text, s.max_tool_result_tokens)
         if len(tree.response_ids(path.node)) + len(result_ids) >= s.max_response_tokens:
-            self._finish(tree, path, "length", stats)
+            self._finish(tree, path, overflow, stats)
             return False
         path.node = tree.add_segment(path.node, result_ids, SegmentKind.TOOL, tool_name=name)
         path.tool_calls += 1

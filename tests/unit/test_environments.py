@@ -281,6 +281,39 @@ class DecodingTokenizer:
         return TOKENIZER.decode(token_ids)
 
 
+class FailsAtSecondStep(ClonableWalk):
+    """Rewards its first step 0.5 and raises at its second."""
+
+    def reset(self, row):
+        self.steps = 0
+        return super().reset(row)
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == 2:
+            raise RuntimeError("the walk fell off the map")
+        observation, _, done, info = super().step(action)
+        return observation, 0.5, done, info
+
+
+@pytest.mark.parametrize("room", [300, 10], ids=["observed", "cut"])
+def test_a_trajectory_an_environment_error_ended_scores_the_fallback_not_its_partial_return(room):
+    """``room``: the tokens left after the second action, where its error observation fits (300)
+    or not (10); either way the trajectory ends in ``env_error`` and scores ``reward.fallback``."""
+    [first] = walk_observations(7, ["2"])
+    budget = len(MOVE + RESULT.format(first) + MOVE) + room
+    rollout = walk_rollout(
+        spec(FailsAtSecondStep), branch=False, total_rollouts=2, initial_rollouts=2, max_response_tokens=budget
+    )
+    [tree], _ = rollout.run([TOKENIZER.encode("Q:")], seed=0, rows=[{"seed": 7}])
+    assert tree.finish_reasons == ["env_error"] * 2
+    assert [tree.step_rewards(i) for i in range(2)] == [[0.5]] * 2  # the partial return G = 0.5
+    settings = RewardSettings(reward={"fn": "environment", "fallback": -1.0})
+    example = PromptExample("Q:", "7", "math", "walk")
+    [scores] = score_trees([tree], [example], DecodingTokenizer(), settings, ("move",))
+    assert [(score.reward, score.correctness, score.components) for score in scores] == [(-1.0, 0.0, {})] * 2
+
+
 # --- environments that misbehave ----------------------------------------------------------
 class Broken(ClonableWalk):
     """Misbehaves on the action named by the row: raises, hangs, or returns a number as observation."""
