@@ -49,7 +49,8 @@ def read_result_rows(trial_dir: str | Path) -> tuple[list[dict], int]:
 
 def read_json_lines(path: Path) -> tuple[list, int]:
     """(the JSON value of every readable line of ``path``, none where it does not exist; how many
-    lines were not readable: cut off by a kill while they were written, mid-character too)."""
+    lines were not readable: cut off by a kill while they were written, mid-character too). The
+    ``NaN`` and ``Infinity`` that Python's json writes are read as floats."""
     values, unreadable = [], 0
     if not path.is_file():
         return values, unreadable

@@ -19,6 +19,7 @@ as one note each at the top of the page and returned, so the command can say it 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from ray.tune.utils import flatten_dict
@@ -27,6 +28,7 @@ from rllib_arpo.eval.report import (
     evaluations,
     first_and_last_evaluation,
     is_finite_number,
+    read_json_lines,
     read_result_rows,
     time_split,
 )
@@ -154,7 +156,9 @@ def evaluation_page(output_dir: Path) -> dict:
     table = {"title": "benchmarks", "columns": columns, "rows": [[row.get(c) for c in columns] for row in rows]}
     trees, notes = [], []
     for path in sorted((output_dir / "transcripts").glob("*.jsonl")):
-        lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        lines, cut_off = read_json_lines(path)
+        if cut_off:
+            notes.append(f"{path.name}: {cut_off} line(s) cut off")
         with_tree = [line for line in lines if "tree" in line]
         if len(with_tree) < len(lines):
             notes.append(f"{path.name}: {len(lines) - len(with_tree)} question(s) without a tree (an older transcript)")
@@ -172,12 +176,25 @@ def evaluation_page(output_dir: Path) -> dict:
     }
 
 
+def finite_or_null(value):
+    """``value`` with every NaN and infinite float in it, at any depth, replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_or_null(item) for item in value]
+    return value
+
+
 def write_page(data: dict, path: Path) -> Path:
-    """``report_page.html`` with ``data`` in it, written to ``path``. Every ``<`` of the JSON is
-    written ``\\u003c`` (in JSON it only occurs inside strings), so no text in the data, a response's
-    ``</script>`` or ``<!--<script>``, can end or hide the page's own script; a lone surrogate is
-    written as its JSON escape (``saved_trees.append_saved_trees``)."""
-    payload = json.dumps(data, ensure_ascii=False, allow_nan=False).replace("<", "\\u003c")
+    """``report_page.html`` with ``data`` in it, written to ``path``. A NaN or infinity (a span's
+    NaN entropy in a saved tree, a benchmark's NaN) is written null, which JSON has and the page
+    shows as a dash. Every ``<`` of the JSON is written ``\\u003c`` (in JSON it only occurs inside
+    strings), so no text in the data, a response's ``</script>`` or ``<!--<script>``, can end or
+    hide the page's own script; a lone surrogate is written as its JSON escape
+    (``saved_trees.append_saved_trees``)."""
+    payload = json.dumps(finite_or_null(data), ensure_ascii=False, allow_nan=False).replace("<", "\\u003c")
     page = PAGE_TEMPLATE.read_text(encoding="utf-8").replace(DATA_PLACEHOLDER, payload)
     path.write_text(page, encoding="utf-8", errors="backslashreplace")
     return path

@@ -8,10 +8,12 @@ import math
 import pytest
 
 from rllib_arpo.cli import main
+from rllib_arpo.eval.report import read_result_rows
 from rllib_arpo.eval.run_page import DATA_PLACEHOLDER, PAGE_TEMPLATE, ReportError, training_page, write_run_report
 from rllib_arpo.eval.saved_trees import append_saved_trees
 
 NAN = float("nan")
+INF = float("inf")
 
 
 def result_row(iteration: int, reward: float, evaluation: float | None, before: float | None = None) -> dict:
@@ -44,6 +46,11 @@ def write_trial(directory, rows, cut_off: str | None = None, trees: dict | None 
 
 
 TREE = {"prompt": "p", "segments": [], "leaves": []}
+
+
+def payload(page) -> str:
+    """The run data a written page carries, as the page holds it (JSON)."""
+    return page.read_text().split('<script id="run-data" type="application/json">')[1].split("</script>")[0]
 
 
 def test_a_whole_trial_gives_its_curves_held_out_table_and_trees(tmp_path):
@@ -109,8 +116,7 @@ def test_a_trial_with_no_iteration_and_no_trees_still_gets_a_page(tmp_path, caps
     (trial / "params.json").write_text("{}")
     ((page, notes),) = write_run_report(tmp_path)  # found two levels below the storage path
     assert page == trial / "report.html" and notes[0] == "result.json: no iteration finished"
-    payload = page.read_text().split('<script id="run-data" type="application/json">')[1].split("</script>")[0]
-    assert json.loads(payload)["trees"] == []
+    assert json.loads(payload(page))["trees"] == []
     assert main(["report", str(trial)]) == 0
     out = capsys.readouterr().out.strip()
     assert out.startswith(f"report: {page} (missing: result.json: no iteration finished; ") and "\n" not in out
@@ -130,9 +136,40 @@ def test_the_page_escapes_its_data_and_refuses_nan(tmp_path):
     tree = {"prompt": "</script><script>alert(1)</script>", "segments": [], "leaves": []}
     trial = write_trial(tmp_path / "ARPO_0", [result_row(1, 0.25, None)], trees={1: [tree]})
     ((page, _),) = write_run_report(trial)
-    payload = page.read_text().split('<script id="run-data" type="application/json">')[1].split("</script>")[0]
-    assert json.loads(payload)["trees"][0]["tree"]["prompt"] == tree["prompt"]
-    assert all(math.isfinite(p[1]) for c in json.loads(payload)["curves"] for s in c["series"] for p in s["points"])
+    data = json.loads(payload(page))
+    assert data["trees"][0]["tree"]["prompt"] == tree["prompt"]
+    assert all(math.isfinite(p[1]) for c in data["curves"] for s in c["series"] for p in s["points"])
+
+
+def test_nan_and_infinity_in_a_run_are_read_and_written_null(tmp_path, capsys):
+    """Python's json writes NaN and Infinity (Tune's result.json, a saved tree's NaN entropy): they
+    are read as numbers, not counted as cut lines, and the page carries null, its dash, in their
+    place. (Broken on purpose: with ``json.dumps(data, allow_nan=False)`` as before, ``rllib
+    report`` raises ValueError: Out of range float values are not JSON compliant.)"""
+    row = result_row(1, INF, None, before=0.5)
+    row["env_runners"]["entropy_change_after_tool"] = -INF
+    row["evaluation_before_training"]["format_error_rate"] = NAN
+    segment = {"parent": None, "kind": "model", "text": "t", "tokens": 1, "members": [0], "entropy": NAN}
+    leaf = {"segment": 0, "reward": INF, "correct": 1.0, "finish": "eos", "advantage": NAN}
+    tree = {"prompt": "p", "segments": [segment], "leaves": [leaf]}
+    trial = write_trial(tmp_path / "exp" / "ARPO_0", [row], trees={1: [tree]})
+    assert "NaN" in (trial / "result.json").read_text() and "Infinity" in (trial / "result.json").read_text()
+    rows, cut_off = read_result_rows(trial)
+    assert (len(rows), cut_off, rows[0]["env_runners"]["reward_mean"]) == (1, 0, INF)
+
+    assert main(["report", str(trial)]) == 0
+    assert capsys.readouterr().out == f"report: {trial / 'report.html'}\n"
+    data = json.loads(payload(trial / "report.html"))
+    assert data["trees"][0]["tree"]["segments"][0]["entropy"] is None
+    assert data["trees"][0]["tree"]["leaves"] == [{**leaf, "reward": None, "advantage": None}]
+    assert data["tables"] == [
+        {"title": "held-out split", "columns": ["metric", "iteration 0", "iteration 0"],
+         "rows": [["accuracy", 0.5, 0.5], ["format errors", None, None]]},
+    ]  # fmt: skip
+    # the infinite reward and dH are no points: their curves are left out
+    assert [curve["title"] for curve in data["curves"]] == [
+        "held-out accuracy", "tool calls / trajectory", "KL to the reference", "staleness (weight versions)",
+    ]  # fmt: skip
 
 
 # --- the page in Chromium: what it draws is the data it carries ----------------------------------
@@ -215,24 +252,41 @@ def test_text_that_looks_like_markup_in_the_data_leaves_the_page_whole(tmp_path,
     tree = {**TREE, "prompt": text}
     trial = write_trial(tmp_path / "exp" / "ARPO_0", [result_row(1, 0.25, None)], trees={1: [tree]})
     ((page_path, _),) = write_run_report(trial)
-    payload = page_path.read_text().split('<script id="run-data" type="application/json">')[1].split("</script>")[0]
-    assert "<" not in payload and json.loads(payload)["trees"][0]["tree"]["prompt"] == text
+    written = payload(page_path)
+    assert "<" not in written and json.loads(written)["trees"][0]["tree"]["prompt"] == text
     page, errors = open_page(browser, page_path)
     charts = page.evaluate(DRAWN_CHARTS)
     page.close()
     assert errors == [] and len(charts) == len(training_page(trial)["curves"]) > 0
 
 
-def test_an_evaluation_page_shows_its_benchmark_table(tmp_path, browser):
-    output = tmp_path / "evaluation"
+def write_evaluation(output, results: list[dict], transcript: str):
+    """An ``rllib evaluate --output`` directory: ``results`` in results.json, ``transcript`` as gsm8k's."""
     (output / "transcripts").mkdir(parents=True)
+    (output / "results.json").write_text(json.dumps({"settings": {"policy": "tiny"}, "results": results}))
+    (output / "transcripts" / "gsm8k.jsonl").write_text(transcript)
+    return output
+
+
+def test_an_evaluation_with_a_nan_and_a_cut_transcript_line_gets_its_page_and_a_note(tmp_path):
+    """(Broken on purpose: reading the transcripts with json.loads line by line, as before, raises
+    JSONDecodeError on the cut line.)"""
+    results = [{"benchmark": "gsm8k", "pass@1": NAN, "questions": 2}]
+    whole = json.dumps({"question": "q", "tree": TREE})
+    output = write_evaluation(tmp_path / "evaluation", results, f"{whole}\n{whole[:20]}")
+    ((page_path, notes),) = write_run_report(output)
+    assert notes == ["gsm8k.jsonl: 1 line(s) cut off"]
+    data = json.loads(payload(page_path))
+    assert data["tables"][0]["rows"] == [["gsm8k", None, 2]] and len(data["trees"]) == 1
+
+
+def test_an_evaluation_page_shows_its_benchmark_table(tmp_path, browser):
     results = [
         {"benchmark": "gsm8k", "pass@1": 0.5, "format_errors": 0.125, "questions": 2},
-        {"benchmark": "hotpotqa", "pass@1": 0.25, "format_errors": None, "questions": 4},
+        {"benchmark": "hotpotqa", "pass@1": NAN, "format_errors": None, "questions": 4},  # both drawn as a dash
     ]
-    (output / "results.json").write_text(json.dumps({"settings": {"policy": "tiny"}, "results": results}))
-    (output / "transcripts" / "gsm8k.jsonl").write_text(json.dumps({"question": "q", "tree": TREE}) + "\n")
-    ((page_path, notes),) = write_run_report(output)
+    transcript = json.dumps({"question": "q", "tree": TREE}) + "\n"
+    ((page_path, notes),) = write_run_report(write_evaluation(tmp_path / "evaluation", results, transcript))
     page, errors = open_page(browser, page_path)
     title, tables = page.title(), page.evaluate(DRAWN_TABLES)
     page.close()
@@ -241,6 +295,6 @@ def test_an_evaluation_page_shows_its_benchmark_table(tmp_path, browser):
         {
             "title": "benchmarks",
             "columns": ["benchmark", "pass@1", "format_errors", "questions"],
-            "rows": [["gsm8k", "0.500", "0.125", "2.000"], ["hotpotqa", "0.250", "–", "4.000"]],
+            "rows": [["gsm8k", "0.500", "0.125", "2.000"], ["hotpotqa", "–", "–", "4.000"]],
         }
     ]
