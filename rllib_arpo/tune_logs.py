@@ -16,7 +16,9 @@ continues from included), and rows logged after that checkpoint may appear twice
 Here every checkpoint keeps the rows of its iterations (``learner.checkpoint.RESULTS_FILE``,
 written by ``ARPO.save_to_path``), and ``LogsFromCheckpoint``, placed after Tune's loggers,
 rewrites a trial's logs on its first result after a restore: the rows of iterations 1..k-1 from
-the checkpoint of iteration k-1, then row k.
+the checkpoint of iteration k-1, then row k. Each file is replaced whole (``replacing``), and the
+old TensorBoard events go only once the new ones are written, so a failure midway (a full disk, a
+kill) leaves every log complete, old or new.
 """
 
 from __future__ import annotations
@@ -24,9 +26,12 @@ from __future__ import annotations
 import csv
 import io
 import json
-import shutil
+import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 from ray.tune import Callback
 from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback, TBXLoggerCallback
@@ -57,6 +62,23 @@ class _LogDirectory:
         Path(self.local_path).mkdir(parents=True, exist_ok=True)
 
 
+@contextmanager
+def replacing(path: Path, mode: str = "w") -> Iterator[IO]:
+    """A file opened with ``mode`` whose content replaces ``path`` when the block ends: a temporary
+    file in the same folder, flushed to disk, then renamed over ``path`` (``os.replace``, atomic).
+    Where the block raises, the temporary file is removed and ``path`` stays as it was. Its name
+    holds no ``tfevents``: TensorBoard reads no half-written copy."""
+    temporary = path.parent / f".rewriting.{os.getpid()}.tmp"
+    try:
+        with open(temporary, mode) as file:
+            yield file
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
 def write_tensorboard(rows: list[dict], directory: Path) -> Path:
     """The TensorBoard events of ``rows`` as ``TBXLoggerCallback`` writes them, in one file of
     ``directory`` named after the first row's time (so that TensorBoard reads it before the
@@ -68,7 +90,8 @@ def write_tensorboard(rows: list[dict], directory: Path) -> Path:
         logger.log_trial_end(trial)
         [written] = Path(scratch).glob(EVENTS_PATTERN)
         target = directory / f"events.out.tfevents.{rows[0]['timestamp']:010d}.restored"
-        shutil.move(written, target)
+        with replacing(target, "wb") as file:
+            file.write(written.read_bytes())
         return target
 
 
@@ -77,32 +100,51 @@ def rewrite_logs(staging: Path, storage: Path, earlier: list[str], fieldnames: l
     Tune's loggers have just written row k (the last row of each file), ``result.json`` and
     ``progress.csv`` become the rows ``earlier`` (JSON lines of iterations 1..k-1), then row k; the
     CSV header is ``fieldnames``, the columns Tune's CSV logger writes from now on. TensorBoard
-    gets ``earlier`` in a file of their own; every other events file but the one being written
-    goes, from ``staging`` and from ``storage`` (where Tune copies the staging files)."""
+    gets ``earlier`` in a file of their own; once it is written, every other events file but the
+    one being written goes, from ``staging`` and from ``storage`` (where Tune copies the staging
+    files). Each file is replaced whole (``replacing``): Tune's loggers must open them again
+    (``LogsFromCheckpoint.reopen``)."""
     rows = [json.loads(line) for line in earlier]
     result_file = staging / RESULT_FILE
-    result_file.write_text("".join(line + "\n" for line in [*earlier, result_file.read_text().splitlines()[-1]]))
+    latest_result = result_file.read_text().splitlines()[-1]
+    with replacing(result_file) as file:
+        file.write("".join(line + "\n" for line in [*earlier, latest_result]))
 
     progress_file = staging / PROGRESS_FILE
     latest = list(csv.reader(io.StringIO(progress_file.read_text())))[-1]
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames, extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(csv_row(row) for row in rows)
-    csv.writer(text).writerow(latest)
-    progress_file.write_text(text.getvalue())
+    with replacing(progress_file) as file:
+        writer = csv.DictWriter(file, fieldnames, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(csv_row(row) for row in rows)
+        csv.writer(file).writerow(latest)
 
     [being_written, *older] = sorted(staging.glob(EVENTS_PATTERN), key=lambda file: file.stat().st_mtime, reverse=True)
-    for file in [*older, *(file for file in storage.glob(EVENTS_PATTERN) if file.name != being_written.name)]:
-        file.unlink()
-    write_tensorboard(rows, staging)
+    restored = write_tensorboard(rows, staging)
+    kept = {being_written.name, restored.name}  # a restore before in this trial wrote a file of that name
+    for file in [*older, *storage.glob(EVENTS_PATTERN)]:
+        if file.name not in kept:
+            file.unlink()
 
 
 class LogsFromCheckpoint(Callback):
     """After Tune's loggers (``trial_loggers``): on a trial's first result after it continued from
     the checkpoint of iteration k-1, its logs are rewritten to hold iterations 1..k-1 from that
-    checkpoint, then k (``rewrite_logs``). For a storage path on the local file system (as
-    ``rllib train file``'s always is), where the checkpoints can be read."""
+    checkpoint, then k (``rewrite_logs``), and ``json_logger`` and ``csv_logger`` append to the new
+    files. For a storage path on the local file system (as ``rllib train file``'s always is), where
+    the checkpoints can be read."""
+
+    def __init__(self, json_logger: JsonLoggerCallback, csv_logger: CSVLoggerCallback) -> None:
+        self.json_logger, self.csv_logger = json_logger, csv_logger
+
+    def reopen(self, trial) -> None:
+        """Tune's JSON and CSV loggers' files of ``trial`` opened again: ``rewrite_logs`` replaced
+        them, and the files they held open are no longer in the folder. (Ray 2.60's loggers keep
+        them in ``_trial_files``, the CSV writer in ``_trial_csv``.)"""
+        for files in (self.json_logger._trial_files, self.csv_logger._trial_files):
+            files[trial].close()
+            files[trial] = open(files[trial].name, "a")  # noqa: SIM115 (the logger holds it open and closes it)
+        writer = self.csv_logger._trial_csv[trial]
+        self.csv_logger._trial_csv[trial] = csv.DictWriter(self.csv_logger._trial_files[trial], writer.fieldnames)
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         continued = result[TRAINING_ITERATION] - 1
@@ -115,8 +157,10 @@ class LogsFromCheckpoint(Callback):
             print(f"[resume] no checkpoint keeps the results of iterations 1..{continued}: the logs keep Tune's rows")
             return
         rewrite_logs(Path(trial.local_path), Path(trial.storage.trial_fs_path), earlier, list(csv_row(result)))
+        self.reopen(trial)
 
 
 def trial_loggers() -> list[Callback]:
     """Tune's three loggers, then ``LogsFromCheckpoint`` (the callbacks of ``rllib train file``)."""
-    return [JsonLoggerCallback(), CSVLoggerCallback(), TBXLoggerCallback(), LogsFromCheckpoint()]
+    json_logger, csv_logger = JsonLoggerCallback(), CSVLoggerCallback()
+    return [json_logger, csv_logger, TBXLoggerCallback(), LogsFromCheckpoint(json_logger, csv_logger)]
