@@ -9,7 +9,7 @@ The protocol, for a class named by the config's ``stateful_env`` (``{name: ..., 
 ``name`` a registered name or ``module:Class``; the options are its constructor's keywords)::
 
     action_tag: str                   # the policy acts by writing <action_tag>action</action_tag>
-    deterministic: bool               # the same row and actions give the same observations
+    deterministic: bool               # the same row and actions give the same step returns
     reset(row: dict) -> str           # starts an episode for a dataset row; the first observation
     step(action: str) -> (observation: str, reward: float, done: bool, info: dict)
     clone() -> Environment            # optional: an independent copy in the same state
@@ -63,7 +63,7 @@ class EnvironmentSpec:
         options: the config's other keys.
         action_tag: the tag the policy acts with (read from an instance).
         can_clone: the class has ``clone()``.
-        deterministic: the class says replaying its actions gives the same observations.
+        deterministic: the class says replaying its actions gives the same observations, rewards and done.
     """
 
     name: str

@@ -2,15 +2,16 @@
 
 With an ``environment`` (``environments.base``), every prompt's row is ``reset`` once, in a *root*
 instance whose first observation ends the prompt that all of the row's trajectories share. Each
-trajectory then acts on an ``Episode``: its own instance, the actions it took and the observations
-it got. A new trajectory copies the root; a child forked after its parent's n-th observation
+trajectory then acts on an ``Episode``: its own instance, the actions it took and what each
+got. A new trajectory copies the root; a child forked after its parent's n-th observation
 copies its parent as it stands then. Copies are made lazily, right before the copy's first
 action, and every copy of a round is made before any instance of the round steps: a child
 generates in the round of its fork, so its parent has not moved yet when the child is copied.
 
 A copy is a ``clone()`` where the class has one, else a *replay*: a fresh instance reset with the
-row and given the actions again, each observation checked against the one recorded (a mismatch
-ends the branch with an error observation rather than training it on a state it never saw).
+row and given the actions again, each step's observation, reward and ``done`` checked against
+those recorded (a mismatch ends the branch with an error observation rather than training it on a
+state it never saw, or on rewards the original never gave).
 
 Nothing an environment does stops the rollout: a ``reset``, ``clone`` or ``step`` that raises, runs
 past ``timeout_s`` or returns something else than the protocol says ends that trajectory with an
@@ -75,6 +76,10 @@ def fall_back_on_environment_errors(
     ]
 
 
+_STEP_PARTS = ("observation", "reward", "done")
+"""What a replayed step must give as the original did, in ``_checked_step``'s order."""
+
+
 class EnvironmentFailure(Exception):
     """What an environment did wrong, as the one line its trajectory's error observation shows."""
 
@@ -102,19 +107,19 @@ class EpisodeRoot:
 
 @dataclass
 class Episode:
-    """One trajectory's environment: the actions it took, the observations it got, its instance
+    """One trajectory's environment: the actions it took, the ``StepOutcome`` each got, its instance
     (None until its first action needs it), and where that instance is copied from (``source``:
     the parent it forked from; None: the root)."""
 
     root: EpisodeRoot
     actions: list[str] = field(default_factory=list)
-    observations: list[str] = field(default_factory=list)
+    outcomes: list[StepOutcome] = field(default_factory=list)
     env: Environment | None = None
     source: Episode | None = None
 
     def fork(self) -> Episode:
         """A child in this episode's state, copied when it first acts."""
-        return Episode(self.root, list(self.actions), list(self.observations), source=self)
+        return Episode(self.root, list(self.actions), list(self.outcomes), source=self)
 
 
 @dataclass(frozen=True)
@@ -137,8 +142,8 @@ class EnvironmentStats:
     ``replays`` (``replayed_steps``): copies made either way (new trajectories included);
     ``resets``: fresh instances reset with a row; ``copy_s``, ``step_s``: seconds spent copying
     and stepping (summed over the parallel calls); ``errors`` (``timeouts`` among them): failed
-    resets, copies and steps, each ending its trajectory; ``replay_mismatches``: replays that
-    observed something else than the original; ``done``: episodes the environment ended;
+    resets, copies and steps, each ending its trajectory; ``replay_mismatches``: replays whose
+    observation, reward or ``done`` differed from the original's; ``done``: episodes the environment ended;
     ``step_rewards``: every step's reward."""
 
     forks: int = 0
@@ -210,7 +215,7 @@ class Episodes:
         for (episode, action), failure, future in zip(actions, copies, steps):
             outcome = self._failed(failure) if failure is not None else future.result()
             episode.actions.append(action)
-            episode.observations.append(outcome.observation)
+            episode.outcomes.append(outcome)
             outcomes.append(outcome)
         return outcomes
 
@@ -263,11 +268,14 @@ class Episodes:
         if observation != episode.root.observation:
             self._count(replay_mismatches=1)
             raise EnvironmentFailure("reset gave another first observation for the same row")
-        for action, recorded in zip(episode.actions, episode.observations):
+        for action, recorded in zip(episode.actions, episode.outcomes):
             self._count(replayed_steps=1)
-            if self._checked_step(env, action)[0] != recorded:
+            replayed = self._checked_step(env, action)
+            original = (recorded.observation, recorded.reward, recorded.done)
+            differ = [name for name, now, then in zip(_STEP_PARTS, replayed, original) if now != then]
+            if differ:
                 self._count(replay_mismatches=1)
-                raise EnvironmentFailure("replaying the branch's actions gave other observations")
+                raise EnvironmentFailure(f"replaying the branch's actions gave another {' and '.join(differ)}")
         self._count(replays=int(bool(episode.actions)))
         return env
 

@@ -174,9 +174,9 @@ def test_copies_see_what_the_original_saw_and_branches_never_see_each_other(cls)
         tail_right = [str(a) for a in rng.integers(0, 5, size=3)]
         for a, b in zip(tail_left, tail_right):  # siblings and parent step in the same rounds
             episodes.step([(left, a), (right, b), (parent, a)])
-        assert left.observations == walk_observations(seed, head + tail_left)
-        assert right.observations == walk_observations(seed, head + tail_right)
-        assert parent.observations == left.observations
+        assert [outcome.observation for outcome in left.outcomes] == walk_observations(seed, head + tail_left)
+        assert [outcome.observation for outcome in right.outcomes] == walk_observations(seed, head + tail_right)
+        assert parent.outcomes == left.outcomes
     stats = episodes.pop_stats()
     assert (stats.forks, stats.errors, stats.replay_mismatches) == (60, 0, 0)
     if cls is ClonableWalk:  # each parent clones its root, each child its parent
@@ -201,8 +201,41 @@ def test_a_replay_that_diverges_ends_the_branch_with_an_error_not_a_wrong_state(
     for _ in range(8):  # 3^8 sequences: the replay draws the same ones with probability 3^-8
         episodes.step([(parent, "1")])
     [outcome] = episodes.step([(parent.fork(), "1")])
-    assert outcome.error == "replaying the branch's actions gave other observations" and outcome.done
+    assert outcome.error == "replaying the branch's actions gave another observation" and outcome.done
     assert episodes.pop_stats().replay_mismatches == 1
+
+
+class Drifting(Walk):
+    """Observes as ``Walk`` does, but the row's ``drift`` differs from one instance to the next:
+    ``reward``: each step rewards the instance's number (counted over resets); ``done``: the third
+    instance's steps end the episode."""
+
+    resets = 0
+
+    def reset(self, row):
+        type(self).resets += 1
+        self.instance, self.drift = type(self).resets, row["drift"]
+        return super().reset(row)
+
+    def step(self, action):
+        observation, reward, done, info = super().step(action)
+        if self.drift == "reward":
+            return observation, float(self.instance), done, info
+        return observation, reward, self.instance == 3, info
+
+
+@pytest.mark.parametrize("drift", ["reward", "done"])
+def test_a_replay_whose_reward_or_done_differs_ends_the_branch_with_an_error(monkeypatch, drift):
+    monkeypatch.setattr(Drifting, "resets", 0)
+    episodes = Episodes(spec(Drifting), max_workers=2, timeout_s=5.0)
+    [root] = episodes.start([{"seed": 0, "drift": drift}])  # instance 1
+    parent = Episode(root)
+    [first] = episodes.step([(parent, "1")])  # in instance 2, a replay of no action
+    assert (first.reward, first.done, first.error) == (2.0 if drift == "reward" else 0.0, False, None)
+    [outcome] = episodes.step([(parent.fork(), "1")])  # instance 3 replays the parent's action
+    assert (outcome.error, outcome.done) == (f"replaying the branch's actions gave another {drift}", True)
+    stats = episodes.pop_stats()
+    assert (stats.replay_mismatches, stats.errors, stats.replays) == (1, 1, 0)
 
 
 class RandomStart(Walk):
