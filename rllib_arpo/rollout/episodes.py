@@ -15,11 +15,13 @@ state it never saw, or on rewards the original never gave).
 
 Nothing an environment does stops the rollout: a ``reset``, ``clone`` or ``step`` that raises, runs
 past ``timeout_s`` or returns something else than the protocol says ends that trajectory with an
-``Error: ...`` observation (finish reason ``env_error``) and is counted; an instance that hung is
-abandoned to its daemon thread. Such a trajectory's return is partial, so whatever the reward it
-is scored with the reward's ``fallback`` and S = 0 (``fall_back_on_environment_errors``, applied by
-``rollout.scoring``): an action that makes the environment fail gets the configured fallback, not
-the return gathered before it.
+``Error: ...`` observation (finish reason ``env_error``) and is counted. Such a trajectory's return
+is partial, so whatever the reward it is scored with the reward's ``fallback`` and S = 0
+(``fall_back_on_environment_errors``, applied by ``rollout.scoring``): an action that makes the
+environment fail gets the configured fallback, not the return gathered before it.
+
+An instance whose call timed out is abandoned to the daemon thread that still runs that call: it
+is never closed (its ``close`` would race with the call), only dropped, and counted (``abandoned``).
 """
 
 from __future__ import annotations
@@ -144,7 +146,8 @@ class EnvironmentStats:
     and stepping (summed over the parallel calls); ``errors`` (``timeouts`` among them): failed
     resets, copies and steps, each ending its trajectory; ``replay_mismatches``: replays whose
     observation, reward or ``done`` differed from the original's; ``done``: episodes the environment ended;
-    ``step_rewards``: every step's reward."""
+    ``abandoned``: instances dropped unclosed, since a call of theirs (a reset, a step, or a
+    clone of them) timed out and may still run; ``step_rewards``: every step's reward."""
 
     forks: int = 0
     clones: int = 0
@@ -158,6 +161,7 @@ class EnvironmentStats:
     timeouts: int = 0
     replay_mismatches: int = 0
     done: int = 0
+    abandoned: int = 0
     step_rewards: list[float] = field(default_factory=list)
 
     def metrics(self) -> dict[str, float]:
@@ -180,6 +184,7 @@ class Episodes:
         self.timeout_s = timeout_s
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="environment")
         self._opened: list[Environment] = []
+        self._timed_out: set[int] = set()  # ids of opened instances a call of which timed out
         self.stats = EnvironmentStats()
         self._lock = threading.Lock()
 
@@ -220,13 +225,16 @@ class Episodes:
         return outcomes
 
     def pop_stats(self) -> EnvironmentStats:
-        """The counters since the last call; closes the instances opened since then."""
+        """The counters since the last call; closes the instances opened since then, but for those
+        a call of which timed out (dropped: module docstring)."""
         with self._lock:
             opened, self._opened = self._opened, []
+            timed_out, self._timed_out = self._timed_out, set()
+            self.stats.abandoned += sum(id(env) in timed_out for env in opened)
             stats, self.stats = self.stats, EnvironmentStats()
         for env in opened:
             close = getattr(env, "close", None)
-            if callable(close):
+            if callable(close) and id(env) not in timed_out:
                 call_with_time_limit(close, self.timeout_s, "environment-close")
         return stats
 
@@ -248,17 +256,17 @@ class Episodes:
                 base = source.env if source is not None else episode.root.env
                 if base is None or len(source.actions if source else []) != len(episode.actions):
                     raise EnvironmentFailure("nothing to clone: the fork's parent failed or moved on")
-                episode.env = self._timed(base.clone, "clone")
+                episode.env = self._timed(base.clone, "clone", base)
+                with self._lock:
+                    self._opened.append(episode.env)
                 self._count(clones=1)
             else:
-                episode.env = self._replayed(episode)
+                episode.env = self._replayed(episode)  # opened by its reset
         except EnvironmentFailure as failure:
             self._count(errors=1, timeouts=int(failure.timed_out))
             return failure
         finally:
             self._count(copy_s=time.perf_counter() - start)
-        with self._lock:
-            self._opened.append(episode.env)
         self._count(forks=int(source is not None))
         return None
 
@@ -283,7 +291,7 @@ class Episodes:
         env = self._timed(self.spec.build, "build")
         with self._lock:
             self._opened.append(env)
-        observation = self._timed(lambda: env.reset(dict(row)), "reset")
+        observation = self._timed(lambda: env.reset(dict(row)), "reset", env)
         if not isinstance(observation, str):
             raise EnvironmentFailure(f"reset returned {reprlib.repr(observation)}, not a string")
         self._count(resets=1)
@@ -306,7 +314,7 @@ class Episodes:
     def _checked_step(self, env: Environment, action: str) -> tuple[str, float, bool]:
         """``env.step(action)`` as (observation, reward, done); an ``EnvironmentFailure`` where it
         raises, hangs or returns anything but ``(str, finite number, bool, dict)``."""
-        returned = self._timed(lambda: env.step(action), "step")
+        returned = self._timed(lambda: env.step(action), "step", env)
         if not (isinstance(returned, tuple) and len(returned) == 4):
             raise EnvironmentFailure(f"step returned {reprlib.repr(returned)}, not (observation, reward, done, info)")
         observation, reward, done, _ = returned
@@ -318,10 +326,14 @@ class Episodes:
             raise EnvironmentFailure(f"step returned done={reprlib.repr(done)}, not true or false")
         return observation, float(reward), done
 
-    def _timed(self, function: Callable[[], Any], what: str) -> Any:
-        """``function()`` within ``timeout_s``; an ``EnvironmentFailure`` where it raises or hangs."""
+    def _timed(self, function: Callable[[], Any], what: str, env: Environment | None = None) -> Any:
+        """``function()`` within ``timeout_s``; an ``EnvironmentFailure`` where it raises or hangs
+        (where it hangs, ``env``, the instance it calls, is never closed: module docstring)."""
         timed = call_with_time_limit(function, self.timeout_s, f"environment-{what}")
         if timed.timed_out:
+            if env is not None:
+                with self._lock:
+                    self._timed_out.add(id(env))
             raise EnvironmentFailure(f"{what} timed out after {self.timeout_s:g} s", timed_out=True)
         if timed.error is not None:
             raise EnvironmentFailure(f"{what} raised {type(timed.error).__name__}: {timed.error}")

@@ -435,6 +435,45 @@ def test_a_clone_that_fails_ends_only_the_fork_that_needed_it(fault, error):
     assert (stats.forks, stats.errors, stats.timeouts) == (0, 2, 2 if fault == "hangs" else 0)
 
 
+class Stuck(ClonableWalk):
+    """Its step ``wait`` waits for ``release`` (at most 5 s) before it moves; ``closed`` lists the
+    instances ``close`` was called on, once per call."""
+
+    release = threading.Event()
+    closed: list = []
+
+    def step(self, action):
+        if action == "wait":
+            self.release.wait(5)
+        return super().step("1" if action == "wait" else action)
+
+    def close(self):
+        self.closed.append(self)
+
+
+class StuckReplayed(Stuck):
+    clone = None  # copies replay
+
+
+@pytest.mark.parametrize("cls", [Stuck, StuckReplayed], ids=["clone", "replay"])
+def test_an_instance_whose_step_timed_out_is_dropped_never_closed_and_the_others_close_once(monkeypatch, cls):
+    episodes = Episodes(spec(cls), max_workers=2, timeout_s=0.5)
+    monkeypatch.setattr(Stuck, "release", threading.Event())
+    monkeypatch.setattr(Stuck, "closed", [])  # after the config check's instance closed
+    [root] = episodes.start([{"seed": 0}])
+    stuck, moving = Episode(root), Episode(root)
+    try:
+        outcomes = episodes.step([(stuck, "wait"), (moving, "1")])
+        stats = episodes.pop_stats()  # while the stuck step still runs
+    finally:
+        Stuck.release.set()
+    assert [outcome.error for outcome in outcomes] == ["step timed out after 0.5 s", None]
+    assert (stats.timeouts, stats.abandoned) == (1, 1)
+    assert not any(env is stuck.env for env in Stuck.closed)
+    # the others once each: the root (kept to be cloned, or reset for the prompt) and the moving copy
+    assert len(Stuck.closed) == 2 and sum(env is moving.env for env in Stuck.closed) == 1
+
+
 class NoReset(ClonableWalk):
     def reset(self, row):
         raise KeyError("seed")
