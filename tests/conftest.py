@@ -190,20 +190,26 @@ def browser(chromium_executable):
 SERVER_SLEEP = time.sleep  # the judge server's own waits: a test may fake time.sleep for the client side
 
 # How the server answers a chat request: (the user message it carries, how many chat requests it has
-# seen before) -> ("reply", text) | ("status", code) | ("sleep", seconds) | ("close", None)
+# seen before) -> ("reply", text) | ("status", code) | ("sleep", seconds) | ("close", None) |
+# ("trickle", seconds): a 200 whose body comes one space every TRICKLE_S, for that long (then the
+# reply yes), unless the client hangs up first
 Answer = Callable[[str, int], tuple[str, Any]]
+TRICKLE_S = 0.05
 
 
 class JudgeServer:
     """A local server with ``/v1/models`` (listing ``model``) and ``/v1/chat/completions``
-    (answering as ``answer`` says); it records the user message of every chat request, and the
-    ``Authorization`` header of every request."""
+    (answering as ``answer`` says); it records the user message of every chat request (``asked``),
+    its messages (``chats``), the ``Authorization`` header of every request, and each trickled
+    answer the client hung up on (``hung_up``)."""
 
     model = "judge-model"
 
     def __init__(self) -> None:
         self.answer: Answer = lambda text, seen: ("reply", "yes")
         self.asked: list[str] = []
+        self.chats: list[list[dict]] = []
+        self.hung_up = threading.Semaphore(0)
         self.authorizations: list[str | None] = []
         server = self
 
@@ -220,6 +226,7 @@ class JudgeServer:
                 text = body["messages"][-1]["content"]
                 seen = len(server.asked)
                 server.asked.append(text)
+                server.chats.append(body["messages"])
                 kind, value = server.answer(text, seen)
                 if kind == "close":
                     self.close_connection = True
@@ -227,13 +234,31 @@ class JudgeServer:
                 if kind == "sleep":
                     SERVER_SLEEP(value)
                     kind, value = "reply", "yes"
+                if kind == "trickle":
+                    self.trickle(value)
+                    return
                 if kind == "status":
                     self.send_json(value, {"error": {"message": "canned", "type": "test"}})
                     return
-                message = {"role": "assistant", "content": value}
-                choice = {"index": 0, "message": message, "finish_reason": "stop"}
-                self.send_json(200, {"id": "c", "object": "chat.completion", "created": 0, "model": server.model,
-                                     "choices": [choice]})  # fmt: skip
+                self.send_json(200, completion(value))
+
+            def trickle(self, seconds: float) -> None:
+                """A body without a length (it ends when the connection closes): a space every
+                ``TRICKLE_S`` for ``seconds``, then the reply yes; a client that hangs up meanwhile
+                is counted in ``hung_up``."""
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.close_connection = True
+                deadline = time.monotonic() + seconds
+                try:
+                    while time.monotonic() < deadline:
+                        self.wfile.write(b" ")
+                        self.wfile.flush()
+                        SERVER_SLEEP(TRICKLE_S)
+                    self.wfile.write(json.dumps(completion("yes")).encode())
+                except (BrokenPipeError, ConnectionResetError):
+                    server.hung_up.release()
 
             def send_json(self, status: int, payload: dict) -> None:
                 data = json.dumps(payload).encode()
@@ -248,6 +273,11 @@ class JudgeServer:
 
             def log_message(self, *args: object) -> None:
                 pass
+
+        def completion(text: str) -> dict:
+            message = {"role": "assistant", "content": text}
+            choice = {"index": 0, "message": message, "finish_reason": "stop"}
+            return {"id": "c", "object": "chat.completion", "created": 0, "model": server.model, "choices": [choice]}
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True

@@ -2,8 +2,8 @@
 SmolLM2-135M-Instruct, started once for this file as a subprocess (about 2 minutes on 2 cores).
 
 Greedy decoding need not give the same words on every CPU, so the model's opinions are not
-asserted; one verdict is pinned by the prompt (asked to repeat the answer ``yes``, SmolLM2 answers
-``Yes``). The last tests stop the server, then kill it: they run last."""
+asserted; one verdict is pinned by the prompt (asked to repeat the answer ``yes``, fenced in its
+tags, SmolLM2 answers ``Yes``). The last tests stop the server, then kill it: they run last."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ START_S = 600
 MEMORY_GIB = 6  # the server holds about 4 GiB
 TOOL_TAGS = ("search", "python")
 ROW = {"prompt": "Say yes.", "ground_truth": "yes", "task": "qa", "source": "judge"}
-REPEAT = "Repeat exactly this word and nothing else: {answer}"
+REPEAT = "Repeat exactly the word between the tags, without the tags, and nothing else: {answer}"
 
 
 def free_port() -> int:
@@ -140,13 +140,13 @@ def test_a_server_that_hangs_costs_at_most_retries_plus_one_timeouts_then_recove
     url, server = judge
     os.killpg(server.pid, signal.SIGSTOP)  # connections are accepted, never answered
     try:
-        values = judged(url, [answer("yes")] * 3, timeout_s=2, retries=1)
+        values = judged(url, [answer("yes")] * 3, request_timeout_s=2, retries=1)
     finally:
         os.killpg(server.pid, signal.SIGCONT)
     assert [(v.reward, v.error) for v in values] == [
-        (-0.5, "reward 'llm_judge' raised APITimeoutError: Request timed out.")
+        (-0.5, "reward 'llm_judge' raised TimeoutError: no answer from the judge in request_timeout_s = 2 s")
     ] * 3
-    # each response: two tries, each ended by its timeout, and one retry pause between them
+    # each response: two tries, each ended at request_timeout_s, and one retry pause between them
     assert pauses == [llm_judge.RETRY_PAUSE_S] * 3
     [value] = judged(url, [answer("yes")])
     assert (value.reward, value.error) == (1.0, None)
@@ -156,7 +156,7 @@ def test_a_server_killed_mid_run_scores_the_fallback_at_once(judge, pauses):
     url, server = judge
     os.killpg(server.pid, signal.SIGKILL)
     server.wait()
-    values = judged(url, [answer("yes")] * 3, timeout_s=30, retries=2)
+    values = judged(url, [answer("yes")] * 3, request_timeout_s=30, retries=2)
     # refused (a connection error, not a timeout): each response's only waits are its two retry pauses
     assert sorted(pauses) == [llm_judge.RETRY_PAUSE_S] * 3 + [2 * llm_judge.RETRY_PAUSE_S] * 3
     assert [(v.reward, v.correct, v.error) for v in values] == [
