@@ -3,8 +3,8 @@
 The policy writes ``<python>code</python>`` as it does for the ``python`` tool, and the session
 answers with what the code printed, the value of its last expression or its traceback, exactly
 as that tool does (``tools.python_sandbox``: the same sandbox and limits, ``PythonTool``'s own
-options). What differs is that a *cell* sees everything the earlier cells of its trajectory
-defined, as in an interactive interpreter::
+options, but ``sandbox`` must be ``required``: see below). What differs is that a *cell* sees
+everything the earlier cells of its trajectory defined, as in an interactive interpreter::
 
     stateful_env: {name: python_session, timeout_s: 10, setup_column: setup}
 
@@ -17,8 +17,13 @@ interpreter that first re-runs every earlier cell with its output discarded and 
 the error, then runs the new cell. So:
 
 - step n costs n cells, and the time and memory limits cover the replay and the new cell
-  together; a cell that does not finish (stopped at the timeout or by a signal) is not kept,
-  so the session goes on as it was before it;
+  together; a cell that does not finish (stopped at the timeout or by a signal) or that ends
+  the interpreter itself (``os._exit``, whatever its status) is not kept, so the session goes on
+  as it was before it (kept, it would end every later step's replay before its new cell);
+- every step runs every earlier cell again, so a cell's effects outside its interpreter happen
+  once per later step: the session runs only in the isolated sandbox (``sandbox: required``,
+  the default), where those effects stay in the call's private ``/tmp``; ``best_effort``, which
+  may fall back to running on this machine, and ``off`` are refused when the session is built;
 - ``clone()`` copies a list of strings; files a cell writes (in its private ``/tmp``) come back
   only because the replay writes them again;
 - ``random`` is seeded with 0 before the replay, so the values a session draws from it are
@@ -45,25 +50,30 @@ from rllib_arpo.tools.python_sandbox import PythonTool
 
 _REPLAY = """\
 import os, random
+from os import close, dup2
 random.seed(0)
 quiet = os.open(os.devnull, os.O_WRONLY)
-kept = os.dup(1), os.dup(2)
-os.dup2(quiet, 1)
-os.dup2(quiet, 2)
+out, err = os.dup(1), os.dup(2)
+dup2(quiet, 1)
+dup2(quiet, 2)
+run = exec
 for number, cell in enumerate(cells, 1):
     try:
-        exec(compile(cell, f"<cell {number}>", "exec"), namespace)
+        run(compile(cell, f"<cell {number}>", "exec"), namespace)
     except BaseException:
         pass
-for fd, copy in zip((1, 2), kept):
-    os.dup2(copy, fd)
-    os.close(copy)
-os.close(quiet)
+dup2(out, 1)
+dup2(err, 2)
+close(out)
+close(err)
+close(quiet)
 """
 """Runs in the sandbox before the new cell, in a namespace of its own (so it leaves no names in
 the session's): seeds ``random``, then runs ``cells`` in the session's ``namespace`` with
 stdout and stderr pointed at ``/dev/null`` at the file-descriptor level (which also silences
-``os.write`` and child processes), each cell's exceptions swallowed."""
+``os.write`` and child processes), each cell's exceptions swallowed. It holds ``exec``,
+``os.dup2`` and ``os.close`` in names of its own, so a cell that rebinds them does not break the
+replay of the cells after it."""
 
 
 @ENVIRONMENTS.register("python_session")
@@ -73,8 +83,9 @@ class PythonSession:
     Args:
         setup_column: the row's column that holds the session's setup code (a row without it,
             or with an empty one, starts empty).
-        **tool_options: ``PythonTool``'s options (``timeout_s``, ``memory_limit_mb``,
-            ``sandbox``, ...), checked here and used when the first cell runs.
+        **tool_options: ``PythonTool``'s options (``timeout_s``, ``memory_limit_mb``, ...),
+            checked here and used when the first cell runs; ``sandbox`` must be ``required``
+            (module docstring).
     """
 
     action_tag = "python"
@@ -82,9 +93,15 @@ class PythonSession:
 
     def __init__(self, setup_column: str = "setup", **tool_options: Any) -> None:
         try:
-            inspect.signature(PythonTool).bind(**tool_options)
+            options = inspect.signature(PythonTool).bind(**tool_options)
         except TypeError as error:
             raise ValueError(f"python_session: {error}") from None
+        options.apply_defaults()
+        if options.arguments["sandbox"] != "required":
+            raise ValueError(
+                f"python_session: sandbox must be 'required', got {options.arguments['sandbox']!r}: every step runs "
+                "the earlier cells again, which only the isolated sandbox keeps off this machine"
+            )
         self.setup_column = setup_column
         self.tool_options = tool_options
         self.cells: list[str] = []

@@ -72,11 +72,19 @@ from rllib_arpo.tools.isolation import (
     filter_pipe,
 )
 
+_RAN_TO_ITS_END = b"\0ran to its end\0"
+"""What the runner writes to stderr last, once the code has ended by itself (returned, raised, or
+called ``sys.exit``); it is missing where the code ended the interpreter (``os._exit``, a signal)
+or a deadline did. The parent strips it from the answer."""
+
 # Runs in the child: reads the code, sets the limits, leaves root (under bubblewrap as root),
-# enters its working directory, then runs the code, echoing the last expression's value. It
-# starts on every call, so it keeps start-up short: _ast (the C module behind ast, which imports
-# much more) and the interpreter's own traceback printer (not the traceback module).
-_RUNNER = """\
+# enters its working directory, then runs the code, echoing the last expression's value, and ends
+# with _RAN_TO_ITS_END. It starts on every call, so it keeps start-up short: _ast (the C module
+# behind ast, which imports much more) and the interpreter's own traceback printer (not the
+# traceback module).
+_RUNNER = (
+    f"ran_to_its_end = {_RAN_TO_ITS_END!r}\n"
+    + """\
 import os, resource, site, sys
 from _ast import PyCF_ONLY_AST, Expr, Expression
 
@@ -114,7 +122,13 @@ except Exception as error:
     error.__traceback__ = None if isinstance(error, SyntaxError) else error.__traceback__.tb_next  # hide this runner
     sys.__excepthook__(type(error), error, error.__traceback__)
     sys.exit(1)
+finally:
+    try:
+        os.write(2, ran_to_its_end)
+    except OSError:  # the code closed its stderr
+        pass
 """
+)
 
 _READ_CHUNK_BYTES = 1 << 16
 _EXIT_POLL_S = 0.1
@@ -189,7 +203,8 @@ class PythonTool:
 
     def run(self, code: str) -> tuple[str, bool]:
         """The answer to ``code``, and whether the code ran to its end (an exception or
-        ``sys.exit`` ends it too) rather than being stopped at the timeout or by a signal."""
+        ``sys.exit`` ends it too) rather than being stopped at the timeout, by a signal or by
+        ending the interpreter itself (``os._exit``)."""
         with contextlib.ExitStack() as stack:
             uid = stack.enter_context(CallUid()) if self.as_root and self.sandbox != "off" else -1
             limits = (
@@ -217,7 +232,8 @@ class PythonTool:
                     stack.callback(self._kill_all_processes_of, uid)
                 command = self._command([], limits, -1, workdir)
                 stdout, stderr, returncode = self._execute(command, source, user=uid)
-        return self._format(stdout, stderr, returncode), returncode is not None and returncode >= 0
+        ended = stderr.endswith(_RAN_TO_ITS_END) and returncode is not None and returncode >= 0
+        return self._format(stdout, stderr.replace(_RAN_TO_ITS_END, b""), returncode), ended
 
     def _command(self, prefix: list[str], limits: tuple[int, ...], uid: int, workdir: str) -> list[str]:
         """``prefix`` + the runner with ``limits`` (CPU seconds, address space bytes, processes,

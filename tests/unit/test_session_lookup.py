@@ -11,6 +11,7 @@ from rllib_arpo.data.loaders.session_lookup import KINDS, load_session_lookup
 from rllib_arpo.data.prompts import TIR_SYSTEM_PROMPT
 from rllib_arpo.data.registry import DATASET_LOADERS, load_dataset
 from rllib_arpo.environments.python_session import PythonSession
+from tests.unit.test_sandbox import needs_namespaces
 
 
 def keys(examples) -> set[tuple[str, str]]:
@@ -54,8 +55,9 @@ def test_the_prompt_names_the_variable_not_its_contents():
         assert (example.task, example.row()["setup"]) == ("math", example.extra["setup"])
 
 
+@needs_namespaces
 def test_the_answer_is_what_the_session_computes():
-    env = PythonSession(sandbox="off")
+    env = PythonSession()
     examples = load_session_lookup(size=12, seed=0)
     assert {example.source for example in examples} == set(KINDS)
     for example in examples:
