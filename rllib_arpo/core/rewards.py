@@ -346,7 +346,8 @@ class RewardSettings:
         "number or a mapping with `reward` (and `correct`, S); `batched` (default false): one call per prompt group "
         "with `responses` and a list of `tool_calls`; `fallback` (default 0.0): the reward of a trajectory whose "
         "reward raised, returned NaN, inf or no number, or had no result in `timeout_s` (default 600) seconds (counted "
-        "as `reward_errors`); `workers` (default 1): calls of a batch run at once; every other key is an option, "
+        "as `reward_errors`), or whose environment failed (`env_error`); `workers` (default 1): calls of a batch run "
+        "at once; every other key is an option, "
         'a keyword argument of every call (CONTRIBUTING, "A reward").',
     )
     format_penalty: float = setting(-1.0, "R of a response that breaks the TIR format (the reference: -1).")
