@@ -45,8 +45,16 @@ def cpu_model() -> str:
 
 def usable_cores() -> int:
     """The logical CPUs this process may run on: its affinity mask where the OS has one (``taskset``,
-    a container's cpuset, a test worker's share), else every CPU of the machine."""
+    a container's cpuset), else every CPU of the machine."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def compute_threads() -> int:
+    """The threads torch should compute on in a long job of its own (a cold start): the positive
+    whole number in ``OMP_NUM_THREADS`` where it is set (the user's choice, a test worker's share),
+    else ``usable_cores()``."""
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    return int(threads) if threads.isdigit() and int(threads) > 0 else usable_cores()
 
 
 def cuda_device() -> tuple[str, bool] | None:

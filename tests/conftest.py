@@ -30,30 +30,30 @@ TIERS = ("integration", "multinode", "vllm", "models", "unit")
 os.environ["RAY_ADDRESS"] = "local"
 
 
-def _pin_this_worker_to_its_share_of_the_cores() -> None:
-    """Under pytest-xdist, this worker and every process it starts (its Ray, vLLM's engines, the
-    scripts it runs) keep to their own share of the cores, with OpenMP and BLAS pools that size.
+def _size_this_workers_thread_pools_to_its_share_of_the_cores() -> None:
+    """Under pytest-xdist, every process this worker starts (its Ray, vLLM's engines, the scripts it
+    runs) computes on this worker's share of the cores: OpenMP and BLAS pools of that many threads,
+    and vLLM's threads bound to that share of the core ids.
 
     Two processes whose torch pools each spanned both cores of a 2-core machine ran a matmul loop
-    5x slower than alone (24 s against 4.6 s; on one core each, 4.6 s): OpenMP threads spin on a
-    core the other process holds. Under README's ``-n 2`` a Tune run that takes 30 s alone took
+    5x slower than alone (24 s against 4.6 s; with one thread each, 4.6 s): OpenMP threads spin on
+    a core the other process holds. Under README's ``-n 2`` a Tune run that takes 30 s alone took
     5 minutes beside the other worker's vLLM engine, and in one CI run a 1-iteration training did
-    not end in 10 minutes."""
+    not end in 10 minutes. The processes are not pinned: one worker's processes may still use a
+    core the other leaves idle (pinned, the suite ran slower than before)."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if worker is None or count < 2 or not hasattr(os, "sched_setaffinity"):
+    if worker is None or count < 2:
         return
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) >= count:
-        share = cores[int(worker.removeprefix("gw")) % count :: count]
-        os.sched_setaffinity(0, share)
-    threads = str(max(1, len(cores) // count))
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    share = cores[int(worker.removeprefix("gw")) % count :: count] or cores
     for pool in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[pool] = threads
+        os.environ[pool] = str(len(share))
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, share))
     if "torch" in sys.modules:  # imported by a plugin before this file: its pool is already sized
-        sys.modules["torch"].set_num_threads(int(threads))
+        sys.modules["torch"].set_num_threads(len(share))
 
 
-_pin_this_worker_to_its_share_of_the_cores()
+_size_this_workers_thread_pools_to_its_share_of_the_cores()
 
 
 def tier_of(path) -> str | None:

@@ -55,7 +55,7 @@ from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.data.loaders.tir_task import tir_task_example
 from rllib_arpo.data.prompts import encode_prompt
 from rllib_arpo.data.tir_task import DEMONSTRATION_QUALITIES, TaskVariant, TIRTask, demonstration
-from rllib_arpo.hardware import usable_cores
+from rllib_arpo.hardware import compute_threads
 from rllib_arpo.models.optimizers import build_optimizer
 from rllib_arpo.tools.base import RESULT_CLOSE, RESULT_OPEN, encode_tool_result
 from rllib_arpo.tools.search import SearchTool
@@ -330,7 +330,7 @@ def warm_start(
     to 0 after. To pad little, each run of ``LENGTH_POOL_BATCHES`` demonstration batches is cut from
     its sequences sorted by length and then shuffled. ``seed`` fixes the drills and demonstrations,
     so the same seed gives the same weights (the model has no dropout). Torch uses ``num_threads``
-    threads (default: every core this process may run on) during training and the previous setting after it.
+    threads (default ``hardware.compute_threads()``) during training and the previous setting after it.
     ``memory`` lays each batch out (``MemoryLayout``). The model is left in eval mode.
     """
     if len(demonstrations) > steps * batch_size:
@@ -405,10 +405,10 @@ def warmup_then_decay(steps: int) -> Callable[[int], float]:
 @contextlib.contextmanager
 def training_mode(model: PreTrainedModel, num_threads: int | None, gradient_checkpointing: bool) -> Iterator[None]:
     """``model`` in train mode (with ``gradient_checkpointing``) and torch on ``num_threads``
-    threads (default ``hardware.usable_cores()``) inside; eval mode, no checkpointing and the previous
+    threads (default ``hardware.compute_threads()``) inside; eval mode, no checkpointing and the previous
     thread count after, also when training raises."""
     previous_threads = torch.get_num_threads()
-    torch.set_num_threads(num_threads or usable_cores())
+    torch.set_num_threads(num_threads or compute_threads())
     model.train()
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -48,10 +48,13 @@ def test_reasoning_gyms_scorer_scores_its_rows_in_a_remote_env_runner(ray_sessio
     assert runners["trajectories"] == 8 and runners["reward_errors"] == 0
 
 
-def test_a_run_whose_reward_always_fails_stops_at_its_first_iteration_before_the_learner(ray_session, small_config):
-    # math.sqrt: a builtin whose signature Python cannot read, taken as it is at config time, and a
-    # TypeError at every call (it takes no keywords): every trajectory scores the fallback
-    config = small_config.rewards(reward={"fn": "math:sqrt"})
+def test_a_run_whose_reward_always_fails_stops_at_its_first_iteration_before_the_learner(
+    ray_session, small_config, tmp_path, monkeypatch
+):
+    # the local EnvRunner (num_env_runners 0) scores in this process, which imports the module
+    (tmp_path / "always_fails.py").write_text("def score(response, row, tool_calls):\n    raise KeyError('answer')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = small_config.rewards(reward={"fn": "always_fails:score"})
     algo = config.build_algo()
     try:
         with pytest.raises(TooManyFailures) as raised:
@@ -60,6 +63,6 @@ def test_a_run_whose_reward_always_fails_stops_at_its_first_iteration_before_the
         algo.stop()
     assert str(raised.value) == (
         "8 of 8 reward calls (reward_errors) failed in this iteration, more than max_error_fraction 0.5; the first: "
-        "reward 'math:sqrt' raised TypeError: math.sqrt() takes no keyword arguments. The learner did not train on it."
+        "reward 'always_fails:score' raised KeyError: 'answer'. The learner did not train on it."
     )
     assert algo.weights_version == 0  # nothing was trained or synced

@@ -2,8 +2,11 @@
 SmolLM2-135M-Instruct, started once for this file as a subprocess (about 2 minutes on 2 cores).
 
 Greedy decoding need not give the same words on every CPU, so the model's opinions are not
-asserted; one verdict is pinned by the prompt (asked to repeat the answer ``yes``, fenced in its
-tags, SmolLM2 answers ``Yes``). The last tests stop the server, then kill it: they run last."""
+asserted; the verdict is pinned by the prompt and the ``score`` verdict (asked which number is
+written between the tags, SmolLM2 names it: ``1`` is 1, ``0`` is 0). Since the judge's instructions
+moved to a system message that says the tags hold data, the 135M model no longer repeats a word it
+is asked to (``yes``) but describes the tags, so a yes/no verdict cannot be pinned with it. The
+last tests stop the server, then kill it: they run last."""
 
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ START_S = 600
 MEMORY_GIB = 6  # the server holds about 4 GiB
 TOOL_TAGS = ("search", "python")
 ROW = {"prompt": "Say yes.", "ground_truth": "yes", "task": "qa", "source": "judge"}
-REPEAT = "Repeat exactly the word between the tags, without the tags, and nothing else: {answer}"
+NAME_THE_NUMBER = "What number is written between the tags? {answer}"
 
 
 def free_port() -> int:
@@ -95,8 +98,8 @@ def pauses(monkeypatch) -> list[float]:
 
 def judged(url: str, responses: list[str], batched: bool = True, **options):
     """The ``RewardValue`` of each response, scored as a run scores it (``RewardFunction.score``)."""
-    spec = {"fn": "llm_judge", "batched": batched, "fallback": -0.5, "url": url, "model": MODEL, "prompt": REPEAT,
-            "max_tokens": 16, **options}  # fmt: skip
+    spec = {"fn": "llm_judge", "batched": batched, "fallback": -0.5, "url": url, "model": MODEL,
+            "prompt": NAME_THE_NUMBER, "verdict": "score", "max_tokens": 16, **options}  # fmt: skip
     settings = RewardSettings(reward=spec)
     return settings.reward_function().score(responses, ROW, [{}] * len(responses), settings, TOOL_TAGS)
 
@@ -123,16 +126,16 @@ def test_the_config_check_passes_with_the_server_up_and_is_one_line_without_it(j
 
 def test_a_batched_group_is_judged_by_the_model(judge):
     url, _ = judge
-    values = judged(url, [answer("yes"), answer("no"), answer("yes") + " and more"])
+    values = judged(url, [answer("1"), answer("0"), answer("1") + " and more"])
     assert [value.error for value in values] == [None] * 3
-    assert (values[0].reward, values[0].correct) == (1.0, 1.0)  # pinned: the judge repeats "yes"
+    assert (values[0].reward, values[0].correct) == (1.0, 1.0)  # pinned: the judge names the 1
     assert values[1].correct in (0.0, 1.0) and values[1].reward == values[1].correct
     assert (values[2].reward, values[2].correct) == (-1.0, 1.0)  # text after </answer>: format_penalty
 
 
 def test_the_unbatched_form_is_judged_too(judge):
     url, _ = judge
-    [value] = judged(url, [answer("yes")], batched=False)
+    [value] = judged(url, [answer("1")], batched=False)
     assert (value.reward, value.correct, value.error) == (1.0, 1.0, None)
 
 
@@ -140,7 +143,7 @@ def test_a_server_that_hangs_costs_at_most_retries_plus_one_timeouts_then_recove
     url, server = judge
     os.killpg(server.pid, signal.SIGSTOP)  # connections are accepted, never answered
     try:
-        values = judged(url, [answer("yes")] * 3, request_timeout_s=2, retries=1)
+        values = judged(url, [answer("1")] * 3, request_timeout_s=2, retries=1)
     finally:
         os.killpg(server.pid, signal.SIGCONT)
     assert [(v.reward, v.error) for v in values] == [
@@ -148,7 +151,7 @@ def test_a_server_that_hangs_costs_at_most_retries_plus_one_timeouts_then_recove
     ] * 3
     # each response: two tries, each ended at request_timeout_s, and one retry pause between them
     assert pauses == [llm_judge.RETRY_PAUSE_S] * 3
-    [value] = judged(url, [answer("yes")])
+    [value] = judged(url, [answer("1")])
     assert (value.reward, value.error) == (1.0, None)
 
 
@@ -156,7 +159,7 @@ def test_a_server_killed_mid_run_scores_the_fallback_at_once(judge, pauses):
     url, server = judge
     os.killpg(server.pid, signal.SIGKILL)
     server.wait()
-    values = judged(url, [answer("yes")] * 3, request_timeout_s=30, retries=2)
+    values = judged(url, [answer("1")] * 3, request_timeout_s=30, retries=2)
     # refused (a connection error, not a timeout): each response's only waits are its two retry pauses
     assert sorted(pauses) == [llm_judge.RETRY_PAUSE_S] * 3 + [2 * llm_judge.RETRY_PAUSE_S] * 3
     assert [(v.reward, v.correct, v.error) for v in values] == [
