@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from rllib_arpo.rollout.episodes import ENV_ERROR
+
 MIN_FAILURES = 4
 """Failures of a kind an iteration must have before its share can stop the run."""
 
@@ -52,7 +54,7 @@ def sample_failures(
     failed = {name.split("/")[1]: int(count) for name, count in tool_metrics.items() if name.endswith("/failures")}
     worst = max(failed, key=failed.get, default=None)
     tool_first = f"tool {worst!r}: {failed[worst]} of {calls[worst]} calls failed" if worst and failed[worst] else None
-    environment = sum(reason == "env_error" for reason in finish_reasons)
+    environment = sum(reason == ENV_ERROR for reason in finish_reasons)
     return {
         "reward": FailureCount(len(errors), len(reward_errors), errors[0] if errors else None),
         "environment": FailureCount(
