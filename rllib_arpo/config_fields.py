@@ -8,7 +8,7 @@ fields included, reading what the registry entries they name declare (a policy l
 a dual clip, the packing modes of a learner backend, an estimator that takes the token KL);
 ``config_rules.validate_config`` builds every group, then runs the rules between groups. The
 rollout and reward groups live next to the code that uses them (``rollout.settings``,
-``core.rewards``); the others are read from the config directly by the EnvRunner and the learner.
+``rewards.settings``); the others are read from the config directly by the EnvRunner and the learner.
 Paper symbols are given in brackets.
 """
 
@@ -22,7 +22,6 @@ from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, entropy_advantage_b
 from rllib_arpo.core.dtypes import CONFIG_DTYPES
 from rllib_arpo.core.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, check_tis_cap
 from rllib_arpo.core.registry import Registry
-from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.core.settings import check_type, setting
 from rllib_arpo.environments import resolve_environment
 from rllib_arpo.learner.backends import LEARNER_BACKENDS
@@ -30,6 +29,7 @@ from rllib_arpo.learner.memory import MAX_MMAP_THRESHOLD
 from rllib_arpo.learner.packing import PACKING_MODES
 from rllib_arpo.models.lora import LoraSettings
 from rllib_arpo.models.optimizers import OPTIMIZER_STATES, missing_package
+from rllib_arpo.rewards.settings import RewardSettings
 from rllib_arpo.rollout.engine import ENGINES, check_engine_options
 from rllib_arpo.rollout.settings import RolloutSettings
 from rllib_arpo.weights import WEIGHT_SYNCS

@@ -18,13 +18,13 @@ from typing import Any
 from torch.nn import Linear
 
 from rllib_arpo.config_fields import CONFIG_GROUPS, check_rllib_fields
-from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.core.settings import from_config
 from rllib_arpo.environments import resolve_environment
 from rllib_arpo.learner.backends import LEARNER_BACKENDS
 from rllib_arpo.learner.memory import check_batch_fits_in_memory
 from rllib_arpo.models.catalogue import check_model_path, empty_model
 from rllib_arpo.models.lora import LoraSettings, unmatched_targets
+from rllib_arpo.rewards.settings import RewardSettings
 from rllib_arpo.rollout.engine import ENGINES
 from rllib_arpo.rollout.settings import RolloutSettings
 

@@ -11,11 +11,16 @@ An entry is a module name (``my_pkg.ext``: installed, or on ``PYTHONPATH``) or a
 (relative to a base directory, or absolute), imported under its stem as module name
 (``myext.py`` -> ``myext``, so ``reward: {fn: "myext:score"}`` finds it) with its directory put
 first on ``sys.path``.
+
+``import_function`` is the one import of a function a config key names as ``module:attribute``
+(``reward.fn``, the judge's ``verdict``, ``stateful_env.name``, a verifiers dataset's ``env``).
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import reprlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -96,3 +101,25 @@ def _user_module(entry: str, base: Path, key: str) -> UserModule:
     if not path.is_file():
         raise ValueError(f"{key}: {entry!r}: no such file (looked at {path})")
     return UserModule(entry, path.stem, str(path.parent))
+
+
+def import_function(path: str, key: str) -> Callable[..., Any]:
+    """The function at ``module:attribute``; a ValueError naming the config key ``key`` says why
+    it does not import."""
+    module_name, _, attribute = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # ImportError, or whatever the module raises while it loads
+        reason = " ".join(
+            (str(error) if isinstance(error, ImportError) else f"{type(error).__name__}: {error}").split()
+        )
+        raise ValueError(f"{key}: cannot import {path!r} ({reason})") from None
+    if not hasattr(module, attribute):
+        close = difflib.get_close_matches(attribute, dir(module), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        reason = f"module {module_name!r} has no attribute {attribute!r}{hint}"
+        raise ValueError(f"{key}: cannot import {path!r} ({reason})")
+    fn = getattr(module, attribute)
+    if not callable(fn):
+        raise ValueError(f"{key}: {path!r} is {reprlib.repr(fn)}, not a function")
+    return fn

@@ -271,7 +271,8 @@ def trl_dataset(args, tokenizer):
 def trl_reward_function(timings: dict):
     """This project's hierarchical reward as a TRL reward function; the rewards it gives are added
     to ``timings["rewards"]``."""
-    from rllib_arpo.core.rewards import RewardSettings, hierarchical_reward
+    from rllib_arpo.rewards.hierarchical import hierarchical_reward
+    from rllib_arpo.rewards.settings import RewardSettings
 
     settings = RewardSettings()
 

@@ -17,9 +17,10 @@ import random
 import traceback
 from collections import Counter
 
-from rllib_arpo.core.rewards import DEFAULT_TOOL_TAGS, hierarchical_reward
+from rllib_arpo.core.tir_format import DEFAULT_TOOL_TAGS
 from rllib_arpo.data.tir_task import TIRTask
 from rllib_arpo.models.tiny_policy import build_tokenizer
+from rllib_arpo.rewards.hierarchical import hierarchical_reward
 from rllib_arpo.tools.base import ToolExecutor, encode_tool_result, find_tool_call
 from rllib_arpo.tools.python_sandbox import PythonTool
 from rllib_arpo.tools.search import SearchTool

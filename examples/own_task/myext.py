@@ -10,7 +10,7 @@ import json
 import operator
 from pathlib import Path
 
-from rllib_arpo.core.rewards import extract_answer
+from rllib_arpo.core.answers import extract_answer
 from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.data.prompts import tir_messages
 from rllib_arpo.data.registry import DATASET_LOADERS

@@ -8,11 +8,9 @@
 - ``dataset_tools``: the search tool's options for a dataset that brings its own corpus;
 - ``tir_task``: the embedded synthetic task; ``demonstrations``: reference-set demonstrations.
 
-Importing this package registers the built-in dataset types, and the rewards that are not
-``core``'s: ``reasoning_gym`` and ``verifiers`` (each with its dataset type) and ``llm_judge``
-(``rllib_arpo.llm_judge``), so that every process that loads a dataset or checks a config can name
-them.
+Importing this package registers the built-in dataset types. The rewards that score two of them,
+``reasoning_gym`` and ``verifiers``, live with every other reward in ``rllib_arpo.rewards``, which
+imports these loaders (nothing here imports a reward).
 """
 
-from rllib_arpo import llm_judge  # noqa: F401  (registers the llm_judge reward)
 from rllib_arpo.data.loaders import jsonl, parquet, reasoning_gym, session_lookup, tir_task, verifiers  # noqa: F401  (registers the dataset types)

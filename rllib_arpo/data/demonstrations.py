@@ -5,7 +5,7 @@ trajectory can still be built where an offline tool answers a question by itself
 searched as it is in the reference search cache (``search_cache.json``: exact replay, else BM25
 over its snippets). When the part of the result the model reads (cut to
 ``max_tool_result_tokens`` tokens, as the rollout cuts it) contains the gold answer (SQuAD
-normalisation, ``core.rewards.normalize_answer``), the demonstration is
+normalisation, ``core.correctness.normalize_answer``), the demonstration is
 
     <think> I search for the question. </think> <search> QUESTION </search> <result>...</result>
     <think> The search results give the answer. </think> <answer> \\boxed{ANSWER} </answer>
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from rllib_arpo.core.rewards import normalize_answer
+from rllib_arpo.core.correctness import normalize_answer
 from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.data.prompts import tir_messages
 from rllib_arpo.tools.base import wrap_result

@@ -30,7 +30,7 @@ class PromptExample:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def row(self) -> dict[str, Any]:
-        """The whole dataset row, as a reward sees it (``core.reward_functions``): ``prompt``,
+        """The whole dataset row, as a reward sees it (``rewards.registry``): ``prompt``,
         ``ground_truth``, ``task``, ``source`` and the ``extra`` columns (an extra column of one
         of those four names is shadowed by the example's own)."""
         own = {"prompt": self.prompt, "ground_truth": self.ground_truth, "task": self.task, "source": self.source}

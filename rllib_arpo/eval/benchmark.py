@@ -32,11 +32,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.core.settings import from_config
 from rllib_arpo.data.registry import DATASET_LOADERS
 from rllib_arpo.eval.evaluate import QuestionResult, rollout_questions, summarize
 from rllib_arpo.eval.run_page import PAGE_FILE, evaluation_page, write_page
+from rllib_arpo.rewards.settings import RewardSettings
 from rllib_arpo.rollout.settings import RolloutSettings
 
 

@@ -7,11 +7,11 @@ with the run's ``RewardSettings`` and tools).
 
 Questions are ``data.examples.PromptExample`` (any dataset: the embedded task, verl parquet,
 JSONL benchmarks). Metrics (``summarize``; means over questions, and over a question's samples):
-    accuracy: ``core.rewards.accuracy``, the mean correctness S (math equivalence 1/0 or token
+    accuracy: ``rewards.scores.accuracy``, the mean correctness S (math equivalence 1/0 or token
         F1 with the ground truth), the same definition as in training; it is pass@1. Also per
         source (``accuracy/<source>``, ``rollout.scoring.accuracy_by_source`` as in training:
         for the embedded task, the question kinds ``search``, ``python`` and ``both``);
-    pass@k: ``core.rewards.pass_at_k`` for every requested k (1 < k <= n), the unbiased
+    pass@k: ``rewards.scores.pass_at_k`` for every requested k (1 < k <= n), the unbiased
         estimator from the n samples of each question;
     format_error_rate: share of responses that fail ``validate_format``;
     reward_mean: mean R;
@@ -30,12 +30,13 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from rllib_arpo.core.branching import NoBranching
-from rllib_arpo.core.rewards import RewardBreakdown, RewardSettings, accuracy, pass_at_k
 from rllib_arpo.core.settings import from_config
 from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.data.prompts import encode_prompt
 from rllib_arpo.data.registry import DATASET_LOADERS, load_dataset
 from rllib_arpo.eval.saved_trees import tree_record
+from rllib_arpo.rewards.scores import RewardBreakdown, accuracy, pass_at_k
+from rllib_arpo.rewards.settings import RewardSettings
 from rllib_arpo.rollout.engine import GenerationEngine
 from rllib_arpo.rollout.episodes import Episodes
 from rllib_arpo.rollout.scoring import accuracy_by_source, score_trees

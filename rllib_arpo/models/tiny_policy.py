@@ -28,7 +28,7 @@ import torch
 from tokenizers import AddedToken
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 
-from rllib_arpo.core.rewards import DEFAULT_TOOL_TAGS
+from rllib_arpo.core.tir_format import DEFAULT_TOOL_TAGS
 
 TAG_TOKENS: tuple[str, ...] = tuple(
     tag for name in ("think", *DEFAULT_TOOL_TAGS, "result", "answer") for tag in (f"<{name}>", f"</{name}>")

@@ -35,7 +35,6 @@ from ray.rllib.utils.metrics import (
 )
 
 from rllib_arpo.core.dtypes import DTYPES
-from rllib_arpo.core.rewards import RewardSettings, accuracy
 from rllib_arpo.core.settings import from_config
 from rllib_arpo.core.tree import RolloutTree
 from rllib_arpo.data.dataset_tools import tools_for_dataset
@@ -43,6 +42,8 @@ from rllib_arpo.data.prompt_stream import PromptStream
 from rllib_arpo.data.prompts import encode_prompt
 from rllib_arpo.data.registry import load_dataset
 from rllib_arpo.models.lora import LoraSettings
+from rllib_arpo.rewards.scores import accuracy
+from rllib_arpo.rewards.settings import RewardSettings
 from rllib_arpo.rollout.engine import ENGINES
 from rllib_arpo.rollout.episodes import with_environment
 from rllib_arpo.rollout.failures import FailureCount, sample_failures

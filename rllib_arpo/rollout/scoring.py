@@ -2,9 +2,9 @@
 
 Training (the EnvRunner), held-out evaluation and the benchmarks all score through
 ``score_trees``, with the run's ``RewardSettings`` (its ``reward``: the hierarchical reward by
-default, ``core.reward_functions``) and the tools it actually has, so a response gets the same
+default, ``rewards.registry``) and the tools it actually has, so a response gets the same
 reward and the same correctness wherever it is scored; ``accuracy``
-(``core.rewards``) is the one accuracy they report, and ``accuracy_by_source`` the one split of
+(``rewards.scores``) is the one accuracy they report, and ``accuracy_by_source`` the one split of
 it by where the prompts come from.
 """
 
@@ -14,17 +14,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rllib_arpo.core.reward_functions import Outcome, RewardTimeout, RewardValue
-from rllib_arpo.core.rewards import (
-    RewardBreakdown,
-    RewardSettings,
-    accuracy,
-    extract_answer,
-    overlong_penalty,
-    validate_format,
-)
+from rllib_arpo.core.answers import extract_answer
+from rllib_arpo.core.tir_format import validate_format
 from rllib_arpo.core.tree import RolloutTree
 from rllib_arpo.data.examples import PromptExample
+from rllib_arpo.rewards.overlong import overlong_penalty
+from rllib_arpo.rewards.registry import Outcome, RewardTimeout, RewardValue
+from rllib_arpo.rewards.scores import RewardBreakdown, accuracy
+from rllib_arpo.rewards.settings import RewardSettings
 from rllib_arpo.rollout.episodes import fall_back_on_environment_errors
 from rllib_arpo.time_limit import TimedCall, calls_with_time_limit
 

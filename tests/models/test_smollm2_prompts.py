@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from rllib_arpo.core.branching import NoBranching
-from rllib_arpo.core.rewards import RewardSettings, hierarchical_reward
 from rllib_arpo.data.prompts import TIR_SYSTEM_PROMPT, encode_prompt, render_prompt
 from rllib_arpo.data.registry import load_dataset
+from rllib_arpo.rewards.hierarchical import hierarchical_reward
+from rllib_arpo.rewards.settings import RewardSettings
 from rllib_arpo.rollout.engine import Generation
 from rllib_arpo.rollout.hf_engine import HFEngine
 from rllib_arpo.rollout.scoring import score_trees

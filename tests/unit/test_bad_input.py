@@ -9,10 +9,11 @@ from collections import Counter
 import pandas as pd
 import pytest
 
-from rllib_arpo.core.rewards import hierarchical_reward, validate_format
+from rllib_arpo.core.tir_format import validate_format
 from rllib_arpo.data.loaders.rows import BadRow
 from rllib_arpo.data.prompt_stream import PromptStream
 from rllib_arpo.data.registry import load_dataset
+from rllib_arpo.rewards.hierarchical import hierarchical_reward
 from rllib_arpo.rollout.env_runner import next_prompts
 from rllib_arpo.tools.base import MAX_CHARS_PER_TOKEN, ToolCall, encode_tool_result, find_tool_call
 

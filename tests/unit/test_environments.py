@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from rllib_arpo.config_rules import validate_config
-from rllib_arpo.core.reward_functions import resolve_reward
-from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.environments.base import EnvironmentSpec, resolve_environment
+from rllib_arpo.rewards.registry import resolve_reward
+from rllib_arpo.rewards.settings import RewardSettings
 from rllib_arpo.rollout.episodes import Episode, Episodes
 from rllib_arpo.rollout.scoring import score_trees
 from rllib_arpo.rollout.settings import RolloutSettings

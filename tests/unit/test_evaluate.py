@@ -7,11 +7,12 @@ import math
 import numpy as np
 import pytest
 
-from rllib_arpo.core.rewards import RewardSettings, pass_at_k
 from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.data.registry import load_dataset
 from rllib_arpo.eval.benchmark import benchmark_name, benchmark_spec, policy_model_path
 from rllib_arpo.eval.evaluate import rollout_questions, summarize
+from rllib_arpo.rewards.scores import pass_at_k
+from rllib_arpo.rewards.settings import RewardSettings
 from rllib_arpo.rollout.engine import Generation
 from rllib_arpo.rollout.settings import RolloutSettings
 from rllib_arpo.tools.base import ToolExecutor

@@ -16,10 +16,12 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from rllib_arpo.algorithm import TRAINABLES, fill_batch
 from rllib_arpo.core.advantages import compute_advantages
 from rllib_arpo.core.losses import compute_policy_loss
-from rllib_arpo.core.rewards import RewardBreakdown, RewardSettings, overlong_penalty
 from rllib_arpo.core.tree import RolloutTree, SegmentKind
 from rllib_arpo.family import FAMILY
 from rllib_arpo.learner.group import epoch_options
+from rllib_arpo.rewards.overlong import overlong_penalty
+from rllib_arpo.rewards.scores import RewardBreakdown
+from rllib_arpo.rewards.settings import RewardSettings
 from rllib_arpo.rollout.scoring import training_rewards
 
 NAMES = ["ARPO", "AEPO", "GRPO", "DAPO", "REINFORCE++", "LOOP", "DrGRPO", "GPPO", "CISPO"]

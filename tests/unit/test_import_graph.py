@@ -5,6 +5,11 @@ module such as ``algorithm.py``) floor by floor. A module may import modules of 
 of rooms on lower floors only, never a room on its own floor or above: so ``rollout/`` and
 ``learner/``, both on one floor, import neither each other. Every ``import`` statement counts,
 those inside functions too, since they load the module all the same when the function runs.
+
+The rewards room, ``rewards/``, holds every reward entry and their registry. It stands above
+``core/`` (the pure scoring it builds on) and ``data/`` (the reasoning_gym and verifiers scorers
+read what their loaders loaded), and below ``rollout/``, ``eval/`` and the config that score with it:
+no module of a lower floor imports it back, so a dataset loader never reaches for its reward.
 """
 
 from __future__ import annotations
@@ -136,3 +141,18 @@ def test_rollout_and_learner_are_siblings(first, second):
         if {room(name), room(target)} == {first, second}
     ]
     assert crossing == []
+
+
+@pytest.mark.parametrize("lower", ["core/", "data/", "environments/", "tools/", "models/"])
+def test_the_rooms_below_the_rewards_room_import_nothing_from_it(lower):
+    """``rewards/`` imports ``core/`` and ``data/``; neither, nor any other room it may build on,
+    imports it back, whatever floors the page draws (module docstring)."""
+    floors = drawn_floors()
+    assert floors[lower] < floors["rewards/"]
+    back = [
+        (name, target)
+        for name, targets in GRAPH.items()
+        for target in targets
+        if room(name) == lower and room(target) == "rewards/"
+    ]
+    assert back == []

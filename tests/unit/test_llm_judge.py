@@ -1,4 +1,4 @@
-"""The ``llm_judge`` reward (``rllib_arpo.llm_judge``) against a local HTTP server on 127.0.0.1 that
+"""The ``llm_judge`` reward (``rllib_arpo.rewards.llm_judge``) against a local HTTP server on 127.0.0.1 that
 answers as an OpenAI-compatible one would: canned verdicts, errors, silence and dropped
 connections, an answer trickled a byte at a time (``JudgeServer``, tests/conftest.py). The real
 judge model is ``tests/vllm/test_llm_judge.py``'s."""
@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from rllib_arpo import llm_judge
-from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.experiment_file import ConfigError, check_config
+from rllib_arpo.rewards import llm_judge
+from rllib_arpo.rewards.settings import RewardSettings
 
 MODEL = "judge-model"  # what JudgeServer serves
 TOOL_TAGS = ("search", "python")
@@ -75,9 +75,10 @@ def default_request(proposed: str) -> list[dict]:
     ]
 
 
-def test_every_process_that_loads_datasets_can_name_the_judge():
-    """An EnvRunner imports ``rllib_arpo.data`` and resolves the reward: the entry is there."""
-    program = "import rllib_arpo.data; from rllib_arpo.core.reward_functions import REWARDS; print(REWARDS.names())"
+def test_every_process_that_resolves_a_reward_can_name_the_judge():
+    """Resolving a reward imports ``rllib_arpo.rewards``, which registers every built-in entry: the
+    judge is there in a process that imported nothing else."""
+    program = "from rllib_arpo.rewards.registry import REWARDS; print(REWARDS.names())"
     completed = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
     assert "'llm_judge'" in completed.stdout
 

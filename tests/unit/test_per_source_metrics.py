@@ -4,8 +4,8 @@ from collections import Counter
 
 import pytest
 
-from rllib_arpo.core.rewards import RewardBreakdown
 from rllib_arpo.data.registry import load_dataset
+from rllib_arpo.rewards.scores import RewardBreakdown
 from rllib_arpo.rollout.env_runner import per_source_metrics
 
 

@@ -7,10 +7,10 @@ from decimal import Decimal
 import pytest
 import reasoning_gym
 
-from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.data.prompts import tir_messages
 from rllib_arpo.data.registry import DATASET_LOADERS, load_dataset
 from rllib_arpo.experiment_file import ConfigError, check_config
+from rllib_arpo.rewards.settings import RewardSettings
 
 SMALL_TASK = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
 """basic_arithmetic on two one-digit numbers: few distinct questions, so two seeds share some."""

@@ -8,8 +8,8 @@ blank (a compass construction): no answer can match it.
 
 import pytest
 
-from rllib_arpo.core.rewards import hierarchical_reward
 from rllib_arpo.data.registry import load_dataset
+from rllib_arpo.rewards.hierarchical import hierarchical_reward
 
 FILES = {
     "rl_datasets/train_10k.parquet": 10_000,

@@ -1,4 +1,4 @@
-"""Rewards as registry entries (``core.reward_functions``): by name or import path, seeing the whole
+"""Rewards as registry entries (``rewards.registry``): by name or import path, seeing the whole
 dataset row, scored through ``rollout.scoring.score_trees``, with a fallback for the failures."""
 
 import dataclasses
@@ -10,13 +10,14 @@ import textwrap
 import pandas as pd
 import pytest
 
-from rllib_arpo.core.reward_functions import REWARDS
-from rllib_arpo.core.rewards import RewardSettings, hierarchical_reward
 from rllib_arpo.core.tree import RolloutTree
 from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.data.loaders.jsonl import load_jsonl
 from rllib_arpo.data.loaders.parquet import load_parquet
 from rllib_arpo.experiment_file import ConfigError, check_config
+from rllib_arpo.rewards.hierarchical import hierarchical_reward
+from rllib_arpo.rewards.registry import REWARDS
+from rllib_arpo.rewards.settings import RewardSettings
 from rllib_arpo.rollout.failures import FailureCount
 from rllib_arpo.rollout.scoring import reward_metrics, score_trees
 
@@ -441,3 +442,12 @@ def test_jsonl_fields_the_loader_does_not_read_are_kept(tmp_path):
         "task": "math",
         "source": "arithmetic",
     }
+
+
+def test_every_built_in_reward_lives_in_the_rewards_room():
+    """Each entry this package registers is defined in ``rllib_arpo.rewards`` (a test's own, or a
+    user's, lives elsewhere)."""
+    modules = {name: REWARDS.get(name).fn.__module__ for name in REWARDS.names()}
+    built_in = {name: module for name, module in modules.items() if module.startswith("rllib_arpo.")}
+    assert set(built_in) >= {"hierarchical", "environment", "llm_judge", "reasoning_gym", "verifiers"}
+    assert {name: module for name, module in built_in.items() if not module.startswith("rllib_arpo.rewards.")} == {}

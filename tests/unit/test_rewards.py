@@ -8,20 +8,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rllib_arpo.core import rewards
-from rllib_arpo.core.rewards import (
-    RewardSettings,
-    accuracy,
-    exact_match,
-    extract_answer,
-    extract_gsm8k_reference,
-    hierarchical_reward,
-    math_equal,
-    normalize_answer,
-    score_answer,
-    token_f1,
-    validate_format,
-)
+from rllib_arpo.core import correctness
+from rllib_arpo.core.answers import extract_answer, extract_gsm8k_reference
+from rllib_arpo.core.correctness import exact_match, math_equal, normalize_answer, score_answer, token_f1
+from rllib_arpo.core.tir_format import validate_format
+from rllib_arpo.rewards.hierarchical import hierarchical_reward
+from rllib_arpo.rewards.scores import accuracy
+from rllib_arpo.rewards.settings import RewardSettings
 
 # the users' data lives beside the repository (../shared/data/arpo); ARPO_DATA_DIR overrides it
 DATA = Path(os.environ.get("ARPO_DATA_DIR", Path(__file__).resolve().parents[3] / "shared/data/arpo"))
@@ -162,9 +155,9 @@ def test_math_equal_caps_input_length():
 
 def test_math_equal_never_raises(monkeypatch):
     def timing_out(*args, **kwargs):
-        raise rewards.TimeoutException("slow")
+        raise correctness.TimeoutException("slow")
 
-    monkeypatch.setattr(rewards, "verify", timing_out)
+    monkeypatch.setattr(correctness, "verify", timing_out)
     assert math_equal(r"3\sqrt{3} - 6", r"-6 + 3\sqrt{3}") is False
     assert math_equal("12", "12.0") is True  # the fast path does not need math_verify
 

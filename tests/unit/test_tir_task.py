@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from rllib_arpo.cold_start.sft import evaluate_arithmetic
-from rllib_arpo.core.rewards import extract_answer, validate_format
+from rllib_arpo.core.answers import extract_answer
+from rllib_arpo.core.tir_format import validate_format
 from rllib_arpo.data.registry import dataset_documents, load_dataset
 from rllib_arpo.data.tir_task import (
     DEMONSTRATION_QUALITIES,

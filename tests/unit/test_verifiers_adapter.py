@@ -10,10 +10,10 @@ import textwrap
 
 import pytest
 
-from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.data.prompts import tir_messages
 from rllib_arpo.data.registry import DATASET_LOADERS, load_dataset
 from rllib_arpo.experiment_file import ConfigError, check_config
+from rllib_arpo.rewards.settings import RewardSettings
 
 SUMS_ENV = '''
 """A single-turn verifiers environment with its tasks in memory: sums of two numbers."""

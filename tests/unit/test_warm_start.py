@@ -20,11 +20,11 @@ from rllib_arpo.cold_start.sft import (
     sft_loss,
     warm_start,
 )
-from rllib_arpo.core.rewards import RewardSettings
 from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.data.tir_task import SPLIT_NAMES, TIRExample, TIRTask, format_prompt
 from rllib_arpo.eval.evaluate import evaluate_policy
 from rllib_arpo.models.tiny_policy import TAG_TOKENS, build_tiny_policy, build_tokenizer
+from rllib_arpo.rewards.settings import RewardSettings
 from rllib_arpo.rollout.engine import Generation
 from rllib_arpo.rollout.settings import RolloutSettings
 from rllib_arpo.tools.base import ToolExecutor

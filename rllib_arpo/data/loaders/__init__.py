@@ -4,9 +4,9 @@
 - ``{"type": "parquet", "path": ".../train_10k.parquet"}``: verl's RL format (``parquet``);
 - ``{"type": "jsonl", "path": ".../gsm8k.jsonl"}``: question / answer lines (``jsonl``);
 - ``{"type": "reasoning_gym", "task": "basic_arithmetic"}``: a procedural task of the reasoning-gym
-  library, with its scorer as the ``reasoning_gym`` reward (``reasoning_gym``, an optional extra);
+  library, scored by the ``reasoning_gym`` reward (``rewards.reasoning_gym``; an optional extra);
 - ``{"type": "verifiers", "env": "my_env"}``: a single-turn environment of the verifiers library, with
-  its reward functions as the ``verifiers`` reward (``verifiers``, an optional extra);
+  its reward functions as the ``verifiers`` reward (``rewards.verifiers``; an optional extra);
 - ``{"type": "session_lookup", "size": 200}``: questions whose answer is a value that only the
   ``python_session`` environment holds (``session_lookup``).
 

@@ -14,7 +14,8 @@ import json
 import typing
 from pathlib import Path
 
-from rllib_arpo.core.rewards import Task, extract_gsm8k_reference
+from rllib_arpo.core.answers import extract_gsm8k_reference
+from rllib_arpo.core.correctness import Task
 from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.data.loaders.rows import BadRow, existing_file, keep_rows, required_field
 from rllib_arpo.data.prompts import TIR_SYSTEM_PROMPT, tir_messages

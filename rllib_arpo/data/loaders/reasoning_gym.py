@@ -1,5 +1,5 @@
-"""The ``reasoning_gym`` dataset type and reward: the procedural tasks of the reasoning-gym
-library, each scored by its own scorer.
+"""The ``reasoning_gym`` dataset type: the procedural tasks of the reasoning-gym library, each
+scored by its own scorer (the ``reasoning_gym`` reward, ``rewards.reasoning_gym``).
 
 ``{"type": "reasoning_gym", "task": "basic_arithmetic", "size": 500, "seed": 0, "split": "train",
 "options": {"max_terms": 3}}`` asks ``size`` questions of the library's task ``task`` (one of
@@ -18,12 +18,6 @@ reward, should a run use that), its ``source`` ``reasoning_gym/<task>``, and its
 ``extra["reasoning_gym"]`` what the scorer needs: the task, its options and the library's entry
 (question, answer, metadata), all plain Python values.
 
-The ``reasoning_gym`` reward (``reward: {fn: reasoning_gym}``) scores the final answer
-(``core.rewards.extract_answer``) with the task's own ``score_answer``, in [0, 1] (partial
-credit where the task gives it); that score is both the reward and S. A response that breaks the
-TIR format gets the rewards group's ``format_penalty`` instead, as under the hierarchical reward,
-and keeps S for the accuracy metrics; the hierarchical reward's other knobs do not apply.
-
 The library is an optional extra (``pip install rllib-arpo[reasoning-gym]``), imported when a
 spec is loaded or a row is scored, so the package imports without it.
 """
@@ -32,13 +26,10 @@ from __future__ import annotations
 
 import functools
 import importlib
-import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rllib_arpo.core.registry import Registry
-from rllib_arpo.core.reward_functions import REWARDS
-from rllib_arpo.core.rewards import RewardSettings, extract_answer, format_gated
 from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.data.prompts import TIR_SYSTEM_PROMPT, tir_messages
 from rllib_arpo.data.registry import DATASET_LOADERS
@@ -121,30 +112,3 @@ def _tasks() -> Registry[tuple[type, type]]:
     for name, classes in _library().factory.DATASETS.items():
         tasks.add(name, classes)
     return tasks
-
-
-@functools.cache
-def _scorer(task: str, options_json: str) -> Callable[[str | None, Mapping[str, Any]], float]:
-    """``score_answer`` of ``task`` with the options ``options_json``, built once per process. The
-    scorers read the entry and the task's options, never the seed or the size."""
-    return task_dataset(task, json.loads(options_json), seed=0, size=1).score_answer
-
-
-@REWARDS.register("reasoning_gym", takes_settings=True)
-def reasoning_gym_reward(
-    response: str,
-    row: Mapping[str, Any],
-    tool_calls: Mapping[str, int],
-    *,
-    settings: RewardSettings,
-    tool_tags: Sequence[str],
-) -> dict[str, float]:
-    """The ``reasoning_gym`` reward entry: the task's own score of the final answer, or the
-    ``format_penalty`` where the response breaks the TIR format (module docstring). The tool calls
-    do not count."""
-    if "reasoning_gym" not in row:
-        raise ValueError("the row has no 'reasoning_gym' column: this reward scores the reasoning_gym dataset type")
-    scoring = row["reasoning_gym"]
-    score_answer = _scorer(scoring["task"], json.dumps(scoring["options"], sort_keys=True))
-    score = float(score_answer(extract_answer(response), scoring["entry"]))
-    return {"reward": format_gated(score, response, settings, tool_tags), "correct": score}

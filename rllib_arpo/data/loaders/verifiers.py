@@ -1,5 +1,6 @@
-"""The ``verifiers`` dataset type and reward: the single-turn environments of the verifiers library
-(its ``verifiers.v1`` API), each scored by its own reward functions.
+"""The ``verifiers`` dataset type: the single-turn environments of the verifiers library (its
+``verifiers.v1`` API), each scored by its own reward functions (the ``verifiers`` reward,
+``rewards.verifiers``).
 
 ``{"type": "verifiers", "env": "math_env", "args": {"difficulty": 2}, "split": "train"}`` asks every
 task of a verifiers environment. ``env`` is either
@@ -25,19 +26,7 @@ the task's ``answer`` field where it has one (else ``""``), its ``task`` is ``ma
 hierarchical reward, should a run use that), its ``source`` ``verifiers/<taskset id>``, and its
 ``extra["verifiers"]`` what the reward needs: ``env``, ``args``, ``split`` and the task's data
 (``TaskData`` as JSON values). The reward scores a row only with an environment this process loaded
-from the config (``LOADED_SPECS``): a row that names another, a jsonl's own for instance, is a
-reward error, so no dataset row chooses code to import and call.
-
-The ``verifiers`` reward (``reward: {fn: verifiers}``) scores a response with the task's own
-``Task.score``: the environment's ``@vf.reward`` functions (and any judges its task config
-plugs), run to completion on a fresh event loop. They read a trace whose one assistant message is
-the final answer (``core.rewards.extract_answer``) boxed, ``\\boxed{...}``, as ARPO's prompt asks
-for it and as the library's own scorers (``vf.verify_boxed_math_answer``) read it; a response
-with no answer gives an empty message. The reward is their weighted sum (the library's
-``Trace.reward``), S their weighted mean (in [0, 1] where each scores in [0, 1]), and each reward
-function's score is logged as the component ``verifiers/<name>``. A response that breaks the TIR
-format gets the rewards group's ``format_penalty`` instead, as under the hierarchical reward, and
-keeps S for the accuracy metrics. The tool calls do not count.
+from the config (``LOADED_SPECS``), so no dataset row chooses code to import and call.
 
 The library is an optional extra: ``pip install rllib-arpo[verifiers]``, then ``pip install
 --no-deps verifiers==0.4.0`` (its pins, openai<3 and mcp==2.0.0, would downgrade the ones vLLM
@@ -47,20 +36,18 @@ is scored, so the package imports without it.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import importlib
 import inspect
 import json
 import reprlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-from rllib_arpo.core.reward_functions import REWARDS, import_function
-from rllib_arpo.core.rewards import RewardSettings, extract_answer, format_gated
 from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.data.prompts import TIR_SYSTEM_PROMPT, tir_messages
 from rllib_arpo.data.registry import DATASET_LOADERS
+from rllib_arpo.user_imports import import_function
 
 SPLITS = ("train", "test")
 LOADED_SPECS: set[str] = set()
@@ -86,8 +73,8 @@ def load_verifiers(
     if "split" in (args or {}):
         raise ValueError("args.split: give split beside args, not inside them")
     spec = {"env": env, "args": dict(args or {}), "split": split}
-    spec_json = _spec_json(spec)
-    environment = _environment(spec_json)
+    spec_json = spec_json_of(spec)
+    environment = environment_of(spec_json)
     LOADED_SPECS.add(spec_json)
     return [verifiers_example(spec, environment, task, system_prompt) for task in environment.taskset]
 
@@ -112,7 +99,7 @@ def verifiers_example(
     )
 
 
-def _library():
+def library():
     """``verifiers.v1``; a ValueError says how to install it."""
     try:
         return importlib.import_module("verifiers.v1")
@@ -123,19 +110,19 @@ def _library():
         ) from None
 
 
-def _spec_json(spec: Mapping[str, Any]) -> str:
-    """The spec's ``env``, ``args`` and ``split`` as one JSON text: the key of ``_environment``'s
+def spec_json_of(spec: Mapping[str, Any]) -> str:
+    """The spec's ``env``, ``args`` and ``split`` as one JSON text: the key of ``environment_of``'s
     cache and of ``LOADED_SPECS``, written alike by the loader and read alike from a row."""
     return json.dumps({key: spec.get(key) for key in ("env", "args", "split")}, sort_keys=True)
 
 
 @functools.cache
-def _environment(spec_json: str) -> Any:
+def environment_of(spec_json: str) -> Any:
     """The single-turn ``vf.Env`` of the spec ``{"env", "args", "split"}`` (as JSON, so that each
     process builds it once); a ValueError names the key at fault."""
     spec = json.loads(spec_json)
     name, args, split = spec["env"], spec["args"], spec["split"]
-    vf = _library()
+    vf = library()
     make = import_function(name, "env") if ":" in name else None
     try:
         if make is not None:
@@ -176,51 +163,3 @@ def _check_single_turn(name: str, environment: Any, vf: Any) -> None:
     else:
         return
     raise ValueError(f"env: {name!r} is {why}: {SINGLE_TURN}")
-
-
-def _scored_trace(environment: Any, task_data: Mapping[str, Any], reply: str) -> Any:
-    """A trace of the task ``task_data`` whose one assistant message is ``reply``, scored by the
-    task's own ``Task.score`` on an event loop of its own, closed when scoring ends."""
-    vf = _library()
-    task_type = type(environment.taskset).task_type()
-    data = task_type.data_type().model_validate(task_data)
-    task = task_type(data, environment.taskset.config.task)
-    trace = vf.Trace(
-        task=vf.TraceTask(type=task_type.__name__, data=data),
-        agent=vf.AgentInfo(config=vf.AgentConfig()),
-        nodes=[vf.MessageNode(message=vf.AssistantMessage(content=reply), sampled=True)],
-    )
-    asyncio.run(task.score(trace))
-    return trace
-
-
-@REWARDS.register("verifiers", takes_settings=True)
-def verifiers_reward(
-    response: str,
-    row: Mapping[str, Any],
-    tool_calls: Mapping[str, int],
-    *,
-    settings: RewardSettings,
-    tool_tags: Sequence[str],
-) -> dict[str, float]:
-    """The ``verifiers`` reward entry: the weighted sum of the environment's own rewards of the
-    boxed final answer, or the ``format_penalty`` where the response breaks the TIR format (module
-    docstring)."""
-    if "verifiers" not in row:
-        raise ValueError("the row has no 'verifiers' column: this reward scores the verifiers dataset type")
-    scoring = row["verifiers"]
-    spec_json = _spec_json(scoring)
-    if spec_json not in LOADED_SPECS:
-        raise ValueError(
-            f"the row's verifiers environment {reprlib.repr(scoring.get('env'))} is none this run loaded: the "
-            "reward scores only with an environment a `type: verifiers` dataset of the config names"
-        )
-    answer = extract_answer(response)
-    reply = "" if answer is None else f"\\boxed{{{answer}}}"
-    trace = _scored_trace(_environment(spec_json), scoring["task"], reply)
-    rewards = {name: value for name, value in trace.rewards.items() if value is not None}
-    total_weight = sum(value.weight for value in rewards.values())
-    correct = trace.reward / total_weight if total_weight else 0.0
-    reward = format_gated(trace.reward, response, settings, tool_tags)
-    components = {f"verifiers/{name}": value.score for name, value in sorted(rewards.items())}
-    return {"reward": reward, "correct": correct, **components}

@@ -5,12 +5,12 @@ The rewards group's ``reward`` field names the reward RL trains on::
     reward: {fn: "my_pkg.rewards:score", batched: false, fallback: 0.0, timeout_s: 600, workers: 1,
              my_option: 3}
 
-``fn`` is a ``REWARDS`` entry (the built-in ``hierarchical``, ``core.rewards``) or an import path
-``module:attribute``; every key besides ``SPEC_KEYS`` (``fn``, ``batched``, ``fallback``,
-``timeout_s``, ``workers``) is an option, passed to the function as a keyword argument.
-``resolve_reward`` imports the function and checks its signature against the call when the config
-is built, so a path that does not import or a function that cannot take the call is one line
-before Ray starts.
+``fn`` is a ``REWARDS`` entry (the built-in ones: a module each in ``rewards``; ``hierarchical``,
+the default, in ``rewards.hierarchical``) or an import path ``module:attribute``; every key besides
+``SPEC_KEYS`` (``fn``, ``batched``, ``fallback``, ``timeout_s``, ``workers``) is an option, passed
+to the function as a keyword argument. ``resolve_reward`` imports the function and checks its
+signature against the call when the config is built, so a path that does not import or a function
+that cannot take the call is one line before Ray starts.
 
 The call, once per trajectory::
 
@@ -31,7 +31,7 @@ where an exception in place of one response's value fails that response alone.
 A function with a parameter named ``step_rewards`` also gets the rewards r_1..r_T that an
 environment (``environments.base``) gave the trajectory's actions, in order (a list per
 response where batched; empty lists without an environment); the ``environment`` entry
-(``core.rewards``) trains on their sum.
+(``rewards.environment``) trains on their sum.
 
 A function may take ``*args, **kwargs``. An entry registered with ``takes_settings=True`` (the
 hierarchical reward, whose knobs are the rewards group's other fields) is also called with
@@ -51,9 +51,7 @@ waits on a server or a test runner can be scored several calls at a time.
 
 from __future__ import annotations
 
-import difflib
 import functools
-import importlib
 import inspect
 import math
 import numbers
@@ -63,6 +61,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rllib_arpo.core.registry import Registry
+from rllib_arpo.user_imports import import_function
 
 CALL_KEYWORDS = ("response", "row", "tool_calls")
 BATCHED_CALL_KEYWORDS = ("responses", "row", "tool_calls")
@@ -352,23 +351,3 @@ def _registered(name: str) -> RewardEntry:
 
 def _imported(path: str) -> RewardEntry:
     return RewardEntry(import_function(path, "reward.fn"))
-
-
-def import_function(path: str, key: str) -> Callable[..., Any]:
-    """The function at ``module:attribute``; a ValueError naming the config key ``key`` says why
-    it does not import."""
-    module_name, _, attribute = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as error:  # ImportError, or whatever the module raises while it loads
-        reason = " ".join(str(error).split()) if isinstance(error, ImportError) else _one_line(error)
-        raise ValueError(f"{key}: cannot import {path!r} ({reason})") from None
-    if not hasattr(module, attribute):
-        close = difflib.get_close_matches(attribute, dir(module), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        reason = f"module {module_name!r} has no attribute {attribute!r}{hint}"
-        raise ValueError(f"{key}: cannot import {path!r} ({reason})")
-    fn = getattr(module, attribute)
-    if not callable(fn):
-        raise ValueError(f"{key}: {path!r} is {reprlib.repr(fn)}, not a function")
-    return fn

@@ -13,7 +13,7 @@ that nothing inside them is an instruction), after ``DEFAULT_INSTRUCTIONS`` (com
 answer with the reference, reply yes or no) where ``prompt`` is the default. The user message is
 ``prompt``, a ``str.format`` template (literal braces doubled) whose placeholders are the texts to
 judge: ``question`` (the row's last user message), ``answer`` (the final answer,
-``core.rewards.extract_answer``; empty where the response states none), ``response`` (the whole
+``core.answers.extract_answer``; empty where the response states none), ``response`` (the whole
 response, tool results included), ``ground_truth`` (accepted answers joined by ``" | "``) and
 ``row`` (the whole dataset row; ``{row[difficulty]}`` is a column). A template of one's own thus
 carries its own instructions in the user message, beside the texts; the default,
@@ -42,10 +42,10 @@ response at most ``(retries + 1) * request_timeout_s`` plus the pauses. An answe
 times over). With ``batched: true`` the call judges a prompt group's responses concurrently, at most
 ``max_concurrent_requests`` requests at once: a group of n responses costs at most ceil(n /
 max_concurrent_requests) times a response's bound. That bound belongs under ``timeout_s``, the
-reward machinery's limit of a whole call (``core.reward_functions``; a ``timeout_s`` given to the
+reward machinery's limit of a whole call (``rewards.registry``; a ``timeout_s`` given to the
 judge is that limit, not the judge's). A verdict that cannot be read, a request that still fails or
 a template key the row lacks fails that response: it is scored by ``fallback`` and counted in
-``reward_errors`` (``core.reward_functions``), and the run goes on.
+``reward_errors`` (``rewards.registry``), and the run goes on.
 
 When the config is validated (``check_llm_judge``, in the driver) the template, the verdict and
 the numbers are checked, and the server must list ``model`` at ``url``: one line naming the key at
@@ -70,10 +70,13 @@ from typing import Any
 
 import openai
 
+from rllib_arpo.core.answers import extract_answer
 from rllib_arpo.core.registry import Registry
-from rllib_arpo.core.reward_functions import REWARDS, import_function
-from rllib_arpo.core.rewards import RewardSettings, extract_answer, format_gated
+from rllib_arpo.rewards.hierarchical import format_gated
+from rllib_arpo.rewards.registry import REWARDS
+from rllib_arpo.rewards.settings import RewardSettings
 from rllib_arpo.time_limit import call_with_time_limit
+from rllib_arpo.user_imports import import_function
 
 PLACEHOLDERS = ("question", "answer", "response", "ground_truth", "row")
 """The names a ``prompt`` template may use (module docstring)."""
