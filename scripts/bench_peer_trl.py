@@ -10,7 +10,7 @@ tokens per trajectory, the same sampling (temperature 1, top-p 1), learning rate
 (eps_low 0.2, eps_high 0.28), token-mean loss (TRL: ``loss_type="dapo"``), no KL term, one update
 per batch, gradient clipping at 1.0, micro-batches of ``--micro-batch`` rows (this project's
 learner: laid out by ``--packing``, by default a tree of ``micro_batch_tokens``), and the same reward:
-this project's hierarchical reward (``core.rewards.hierarchical_reward``) wrapped as a TRL reward
+this project's hierarchical reward (``rewards.hierarchical.hierarchical_reward``) wrapped as a TRL reward
 function. The defaults follow this project's SmolLM2 ARPO config (P = 4, M = 4, 192 tokens, lr 1e-5).
 
 TRL's own tool calling goes through the chat template's tool format, which SmolLM2's template
