@@ -18,7 +18,7 @@ import difflib
 from dataclasses import dataclass, fields, make_dataclass
 from typing import Any
 
-from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, entropy_advantage_base_estimator, estimator_settings
+from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, base_estimator, estimator_settings
 from rllib_arpo.core.dtypes import CONFIG_DTYPES
 from rllib_arpo.core.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, check_tis_cap
 from rllib_arpo.core.registry import Registry
@@ -165,7 +165,8 @@ class _TrainingFields:
 
     advantage_estimator: str = setting(
         "arpo_soft",
-        "`arpo_soft`, `arpo_hard`, `grpo`, `dr_grpo`, `rloo`/`loop`, `reinforce_pp`, `aepo` (`core.advantages`).",
+        "`arpo_soft`, `arpo_hard`, `tree_steps`, `grpo`, `dr_grpo`, `rloo`/`loop`, `reinforce_pp`, `aepo` "
+        "(`core.advantages`).",
     )
     policy_loss: str = setting(
         "ppo_clip",
@@ -211,7 +212,7 @@ class _TrainingFields:
         estimator = _registered("advantage_estimator", ADVANTAGE_ESTIMATORS, self.advantage_estimator)
         # the estimators' fields (TrainingSettings)
         _registered("entropy_advantage_base", ADVANTAGE_ESTIMATORS, self.entropy_advantage_base)
-        entropy_advantage_base_estimator(self.entropy_advantage_base)
+        base_estimator("entropy_advantage_base", self.entropy_advantage_base)
         if self.reward_kl_coef > 0 and not estimator.takes_token_kl:
             folding = [name for name in ADVANTAGE_ESTIMATORS if ADVANTAGE_ESTIMATORS.get(name).takes_token_kl]
             raise ValueError(

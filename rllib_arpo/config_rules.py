@@ -18,6 +18,7 @@ from typing import Any
 from torch.nn import Linear
 
 from rllib_arpo.config_fields import CONFIG_GROUPS, check_rllib_fields
+from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS
 from rllib_arpo.core.settings import from_config
 from rllib_arpo.environments import resolve_environment
 from rllib_arpo.learner.backends import LEARNER_BACKENDS
@@ -88,6 +89,28 @@ def forks_need_a_copyable_environment(config: Any) -> None:
         )
 
 
+def step_advantages_need_forks(config: Any) -> None:
+    """An estimator whose advantage comes from the tree's forks (``AdvantageEstimator.needs_forks``),
+    chosen or as the base another builds on, would train exactly as its fork-free form on a
+    rollout that cannot fork: a rule that never branches, no branch budget (M = N without AEPO's
+    pre-monitoring), or Z = 1."""
+    rollout = from_config(RolloutSettings, config)
+    budget = rollout.total_rollouts > rollout.initial_rollouts or rollout.aepo_pre_monitoring
+    if rollout.rule.branches and budget and rollout.branch_factor > 1:
+        return
+    estimator = ADVANTAGE_ESTIMATORS.get(config.advantage_estimator)
+    chosen = [("advantage_estimator", estimator)]
+    if estimator.builds_on is not None:
+        chosen.append((estimator.builds_on, estimator.base(estimator.options_from(config))))
+    for field_name, entry in chosen:
+        if entry.needs_forks is not None:
+            raise ValueError(
+                f"{field_name} {getattr(config, field_name)} needs a rollout that forks ({entry.needs_forks}): "
+                f"branching {config.branching} with total_rollouts {rollout.total_rollouts}, initial_rollouts "
+                f"{rollout.initial_rollouts} and branch_factor {rollout.branch_factor} cannot fork"
+            )
+
+
 def lora_fits_the_engine_and_model(config: Any) -> None:
     """The engine samples with an adapter of ``lora.rank`` (``Engine.max_lora_rank``), and every
     ``lora.target_modules`` entry names a linear layer of the policy (peft would skip an entry that
@@ -114,6 +137,7 @@ CONFIG_RULES: tuple[Callable[[Any], None], ...] = (
     float16_needs_loss_scaling,
     reward_passes_its_check,
     forks_need_a_copyable_environment,
+    step_advantages_need_forks,
     lora_fits_the_engine_and_model,
 )
 """The rules between groups, run in this order once every group has checked its own fields;

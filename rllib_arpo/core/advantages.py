@@ -35,12 +35,18 @@ Tree-aware estimators (ARPO, arXiv 2507.19849 Sec. 3.3):
 - ``arpo_hard``: a token generated only by trajectory i gets A_i; a token of a span shared by the
   set D of trajectories gets mean_{i in D} A_i and is trained once (``dedupe_rows`` is True: the
   learner must use ``tree.to_rows(dedupe=True)``). The reference code only ships the soft form.
+- ``tree_steps``: ``arpo_hard``'s span advantage plus a step term from the tree's forks (TreeRL,
+  arXiv 2506.11902, Sec. 3.2): a segment s gets mean_{i in L(s)} A_i + w * S(s), S(s) = (V(s) -
+  V(f(s))) / (std r + eps), V the mean leaf reward below a segment, f(s) the fork above s
+  (``core.step_advantages``), w = ``step_weight``; trained once per span (``dedupe_rows``). A tree
+  without forks, or w = 0, gives ``arpo_hard``'s advantages exactly (GRPO's on a flat group).
 - ``aepo``: AEPO's entropy-aware advantage (arXiv 2510.14545, Sec. "Entropy-Balanced Policy
   Optimization", part "Entropy-aware Advantage Estimation"): A'_t = A^Acc_t * (1 + a * A^dH_t),
   a = ``entropy_advantage_coef``, A^Acc from a base estimator (``entropy_advantage_base``, GRPO
   in the paper) and A^dH_t = (H_t - mean H) / std H, the token's entropy standardised (see
   ``aepo``). The reference code only applies it when an entropy bonus is also on; here it
-  stands alone.
+  stands alone. It builds on its base (``builds_on``): it trains on the base's rows, de-duplicated
+  ones for ``arpo_hard`` or ``tree_steps``, and takes the base's config fields.
 
 Degenerate groups (a single trajectory, or all rewards equal) give exactly zero advantages.
 NaN or infinite rewards are rejected with a ValueError.
@@ -58,6 +64,7 @@ import numpy as np
 
 from rllib_arpo.core.registry import Registry
 from rllib_arpo.core.settings import setting
+from rllib_arpo.core.step_advantages import step_terms
 from rllib_arpo.core.tree import RolloutTree, TrajectoryRow, batch_rows
 
 TokenAdvantages = list[np.ndarray]
@@ -81,16 +88,25 @@ class AdvantageEstimator:
         dedupe_rows: True when shared spans are trained once (rows from ``to_rows(dedupe=True)``).
         config_fields: option -> the doc of the config field of the same name that sets it; the
             field's type and default are the option's.
+        builds_on: the option naming the estimator it transforms (AEPO's ``entropy_advantage_base``);
+            it then trains on that estimator's rows and passes it that estimator's config fields
+            (``fn`` takes them as ``**base_options``). None for an estimator of its own.
+        needs_forks: why its advantage needs a rollout that forks (the config refuses one that
+            cannot, ``config_rules``); None where a tree without forks is fine.
     """
 
     fn: Callable[..., TokenAdvantages]
     dedupe_rows: bool = False
     config_fields: Mapping[str, str] = field(default_factory=dict)
+    builds_on: str | None = None
+    needs_forks: str | None = None
 
     def __post_init__(self) -> None:
         undeclared = sorted(set(self.config_fields) - set(self.options))
         if undeclared:
             raise ValueError(f"{self.fn.__name__}: config_fields {undeclared} are not keyword-only options of it")
+        if self.builds_on is not None and self.builds_on not in self.options:
+            raise ValueError(f"{self.fn.__name__}: builds_on {self.builds_on!r} is not a keyword-only option of it")
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -104,9 +120,28 @@ class AdvantageEstimator:
         which the EnvRunner measures with a reference model when ``reward_kl_coef`` > 0)."""
         return "token_kl" in self.options
 
+    def base(self, options: Mapping[str, Any]) -> AdvantageEstimator | None:
+        """The estimator it builds on with ``options`` (``builds_on``; the option's default where
+        ``options`` leaves it out), None for an estimator of its own."""
+        if self.builds_on is None:
+            return None
+        default = inspect.signature(self.fn).parameters[self.builds_on].default
+        return base_estimator(self.builds_on, options.get(self.builds_on, default))
+
+    def dedupes(self, options: Mapping[str, Any]) -> bool:
+        """Whether it trains on de-duplicated rows with ``options``: its base's ``dedupe_rows``
+        where it builds on one, its own otherwise."""
+        base = self.base(options)
+        return self.dedupe_rows if base is None else base.dedupe_rows
+
     def options_from(self, config: object) -> dict:
-        """The options ``config`` sets: those declared in ``config_fields``, nothing else."""
-        return {name: getattr(config, name) for name in self.config_fields}
+        """The options ``config`` sets: those declared in ``config_fields`` and, for an estimator
+        that builds on another, that one's; nothing else."""
+        options = {name: getattr(config, name) for name in self.config_fields}
+        base = self.base(options)
+        if base is not None:
+            options.update(base.options_from(config))
+        return options
 
     def settings(self) -> list[tuple[str, Any, Any]]:
         """``(name, type, setting(default, doc))`` of each of ``config_fields``."""
@@ -118,9 +153,17 @@ class AdvantageEstimator:
 class AdvantageEstimatorRegistry(Registry[AdvantageEstimator]):
     """``Registry`` whose ``register`` decorates a plain estimator function."""
 
-    def register(self, *names: str, dedupe_rows: bool = False, config_fields: Mapping[str, str] | None = None):
+    def register(
+        self,
+        *names: str,
+        dedupe_rows: bool = False,
+        config_fields: Mapping[str, str] | None = None,
+        builds_on: str | None = None,
+        needs_forks: str | None = None,
+    ):
         def decorator(fn: Callable[..., TokenAdvantages]) -> Callable[..., TokenAdvantages]:
-            Registry.register(self, *names)(AdvantageEstimator(fn, dedupe_rows, dict(config_fields or {})))
+            estimator = AdvantageEstimator(fn, dedupe_rows, dict(config_fields or {}), builds_on, needs_forks)
+            Registry.register(self, *names)(estimator)
             return fn
 
         return decorator
@@ -157,7 +200,7 @@ def compute_advantages(
             raise ValueError(f"prompt {i}: {r.size} rewards for {tree.num_trajectories} trajectories")
         if not np.all(np.isfinite(r)):
             raise ValueError(f"prompt {i}: rewards must be finite, got {r.tolist()}")
-    rows = [tree.to_rows(dedupe=estimator.dedupe_rows) for tree in trees]
+    rows = [tree.to_rows(dedupe=estimator.dedupes(options)) for tree in trees]
     advantages = estimator.fn(trees, rewards, rows, **options)
     return AttributedRows(batch_rows(rows), advantages)
 
@@ -242,25 +285,57 @@ def _whiten(values: TokenAdvantages, masks: Sequence[np.ndarray], eps: float) ->
 
 
 # --- tree-aware estimators -----------------------------------------------------------------
+def span_advantages(tree: RolloutTree, rewards: np.ndarray, eps: float) -> np.ndarray:
+    """``arpo_hard``'s advantage of every segment s: mean_{i in L(s)} A_i, A_i GRPO's, over the
+    finished trajectories L(s) through s; 0 for a segment that none passes through."""
+    trajectory_advantage = group_normalized(rewards, True, eps)
+    return np.array([trajectory_advantage[m].mean() if m else 0.0 for m in tree.segment_members()])
+
+
 @ADVANTAGE_ESTIMATORS.register("arpo_hard", dedupe_rows=True)
 def arpo_hard(trees, rewards, rows, *, eps: float = 1e-6) -> TokenAdvantages:
     """Shared spans get the mean advantage of the trajectories that contain them."""
     out = []
     for tree, r, tree_rows in zip(trees, rewards, rows):
-        trajectory_advantage = group_normalized(r, True, eps)
-        segment_advantage = np.array([trajectory_advantage[m].mean() if m else 0.0 for m in tree.segment_members()])
+        segment_advantage = span_advantages(tree, r, eps)
         out.extend(segment_advantage[row.segment_ids].astype(np.float32) for row in tree_rows)
     return out
 
 
-def entropy_advantage_base_estimator(name: str) -> AdvantageEstimator:
-    """AEPO's base estimator ``name`` (``entropy_advantage_base``): a full-row estimator, one
-    that gives every trajectory its own row (not ``arpo_hard``), other than ``aepo`` itself."""
-    full_row = [
-        other for other in ADVANTAGE_ESTIMATORS if other != "aepo" and not ADVANTAGE_ESTIMATORS.get(other).dedupe_rows
-    ]
-    if name not in full_row:
-        raise ValueError(f"entropy_advantage_base must be a full-row estimator ({', '.join(full_row)}), got {name!r}")
+@ADVANTAGE_ESTIMATORS.register(
+    "tree_steps",
+    dedupe_rows=True,
+    config_fields={
+        "step_weight": "[w] `tree_steps`: a span's advantage is arpo_hard's plus w times its step term, the mean "
+        "reward of the leaves below its branch minus that below the fork it leaves from, over the group's reward "
+        "std; 0: arpo_hard exactly."
+    },
+    needs_forks="its step term compares the branches of each fork; without forks it is arpo_hard exactly",
+)
+def tree_steps(trees, rewards, rows, *, step_weight: float = 1.0, eps: float = 1e-6) -> TokenAdvantages:
+    """Step-level advantages from the tree's forks (TreeRL, arXiv 2506.11902, Sec. 3.2, with
+    GRPO's scale; ``core.step_advantages``): every token of segment s gets
+
+        A(s) = mean_{i in L(s)} A_i + w * (V(s) - V(f(s))) / (std_G r + eps),   w = ``step_weight``
+
+    the first term ``arpo_hard``'s (TreeRL's global advantage (V(s) - V(prompt)) / std), the
+    second the step term S(s): V the mean leaf reward below a segment, f(s) the fork above s (0
+    below none). Each span is trained once (``dedupe_rows``)."""
+    out = []
+    for tree, r, tree_rows in zip(trees, rewards, rows):
+        segment_advantage = span_advantages(tree, r, eps) + step_weight * step_terms(tree, r, eps)
+        out.extend(segment_advantage[row.segment_ids].astype(np.float32) for row in tree_rows)
+    return out
+
+
+def base_estimator(option: str, name: str) -> AdvantageEstimator:
+    """The estimator ``name`` that ``option`` (an estimator's ``builds_on``) names: any that
+    builds on no other itself."""
+    standalone = [other for other in ADVANTAGE_ESTIMATORS if ADVANTAGE_ESTIMATORS.get(other).builds_on is None]
+    if name not in standalone:
+        raise ValueError(
+            f"{option} must name an estimator that builds on no other ({', '.join(standalone)}), got {name!r}"
+        )
     return ADVANTAGE_ESTIMATORS.get(name)
 
 
@@ -269,8 +344,10 @@ def entropy_advantage_base_estimator(name: str) -> AdvantageEstimator:
     config_fields={
         "entropy_advantage_coef": "[a] AEPO's entropy-aware advantage A^Acc * (1 + a * sg(A^dH)), A^dH the "
         "standardised token entropy.",
-        "entropy_advantage_base": "AEPO's entropy-aware advantage: the estimator giving A^Acc.",
+        "entropy_advantage_base": "AEPO's entropy-aware advantage: the estimator giving A^Acc (any but `aepo`; "
+        "with `arpo_hard` or `tree_steps` shared spans are trained once).",
     },
+    builds_on="entropy_advantage_base",
 )
 def aepo(
     trees,
@@ -280,6 +357,7 @@ def aepo(
     entropy_advantage_base: str = "grpo",
     entropy_advantage_coef: float = 0.2,
     eps: float = 1e-6,
+    **base_options,
 ) -> TokenAdvantages:
     """AEPO's entropy-aware advantage (arXiv 2510.14545, Sec. "Entropy-Balanced Policy
     Optimization", part "Entropy-aware Advantage Estimation"):
@@ -294,11 +372,14 @@ def aepo(
     standardise over the batch's trained tokens (loss mask 1), with the entropies measured at
     sampling time (pi_old; the reference recomputes them with the policy being trained, equal
     before the first update of a step). A constant shift or scale of H (nats or / log|V|) does
-    not change A^dH. A^Acc comes from the full-row estimator ``entropy_advantage_base``, given
-    this ``eps`` if it takes one."""
-    base_estimator = entropy_advantage_base_estimator(entropy_advantage_base)
-    base_options = {"eps": eps} if "eps" in base_estimator.options else {}
-    advantages = base_estimator.fn(trees, rewards, rows, **base_options)
+    not change A^dH. A^Acc comes from the estimator ``entropy_advantage_base``, given
+    ``base_options`` (its config fields) and this ``eps`` if it takes one; ``rows`` are its rows
+    (``AdvantageEstimator.dedupes``), so with a de-duplicating base each shared token counts once
+    in mean H and std H, as it is trained once."""
+    base = base_estimator("entropy_advantage_base", entropy_advantage_base)
+    if "eps" in base.options:
+        base_options["eps"] = eps
+    advantages = base.fn(trees, rewards, rows, **base_options)
     flat = batch_rows(rows)
     z = _whiten([row.entropies for row in flat], [row.loss_mask for row in flat], eps)
     return [(a * (1.0 + entropy_advantage_coef * zt)).astype(np.float32) for a, zt in zip(advantages, z)]

@@ -120,8 +120,8 @@ def test_aepo_scales_by_standardised_entropy():
     # the base estimator is a config field: Dr.GRPO's A_i = r_i - mean r = (2/3, -1/3, -1/3)
     dr = advantages_of("aepo", [tree], [[1.0, 0.0, 0.0]], entropy_advantage_base="dr_grpo", eps=0.0)
     np.testing.assert_allclose(dr[1], -1 / 3 * (1 + 0.2 * z_row1), rtol=1e-5)
-    with pytest.raises(ValueError, match="full-row estimator"):
-        advantages_of("aepo", [tree], [[1.0, 0.0, 0.0]], entropy_advantage_base="arpo_hard")
+    with pytest.raises(ValueError, match="entropy_advantage_base must name an estimator that builds on no other"):
+        advantages_of("aepo", [tree], [[1.0, 0.0, 0.0]], entropy_advantage_base="aepo")
 
 
 @pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))

@@ -72,9 +72,9 @@ def write(directory: Path, text: str, name: str = "experiment.yaml") -> str:
         ),
         ({"policy_loss": "cispo", "dual_clip": 3.0}, "dual_clip applies to the clipped-surrogate losses; policy_loss"),
         (
-            {"advantage_estimator": "aepo", "entropy_advantage_base": "arpo_hard"},
-            "entropy_advantage_base must be a full-row estimator (arpo_soft, dr_grpo, grpo, loop, reinforce_pp, rloo), "
-            "got 'arpo_hard'",
+            {"advantage_estimator": "aepo", "entropy_advantage_base": "aepo"},
+            "entropy_advantage_base must name an estimator that builds on no other (arpo_hard, arpo_soft, dr_grpo, "
+            "grpo, loop, reinforce_pp, rloo, tree_steps), got 'aepo'",
         ),
     ],
 )

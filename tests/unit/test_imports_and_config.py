@@ -64,9 +64,9 @@ def test_core_imports_neither_ray_nor_transformers():
             r"already \(set dual_clip: null\)",
         ),
         (
-            {"advantage_estimator": "aepo", "entropy_advantage_base": "arpo_hard"},
-            r"entropy_advantage_base must be a full-row estimator \(arpo_soft, dr_grpo, grpo, loop, reinforce_pp, "
-            r"rloo\), got 'arpo_hard'",
+            {"advantage_estimator": "aepo", "entropy_advantage_base": "aepo"},
+            r"entropy_advantage_base must name an estimator that builds on no other \(arpo_hard, arpo_soft, dr_grpo, "
+            r"grpo, loop, reinforce_pp, rloo, tree_steps\), got 'aepo'",
         ),
         ({"micro_batch_size": 0}, "micro_batch_size must be >= 1"),
         (
@@ -209,7 +209,7 @@ def test_each_setters_docstring_is_its_groups_summary_and_every_field_name():
         "Fields: dataset, prompts_per_env_runner, max_prompt_tokens."
     )
     assert ARPOConfig.training.__doc__.endswith(
-        "weight_decay, entropy_advantage_coef, entropy_advantage_base, reward_kl_coef. "
+        "weight_decay, entropy_advantage_coef, entropy_advantage_base, reward_kl_coef, step_weight. "
         "Any other keyword goes to RLlib's ``AlgorithmConfig.training``."
     )
     for group_name, group in CONFIG_GROUPS.items():

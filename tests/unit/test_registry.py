@@ -48,7 +48,10 @@ def test_an_unknown_name_lists_the_known_ones_with_the_closest_as_a_hint():
 @pytest.mark.parametrize(
     "registry, names",
     [
-        (ADVANTAGE_ESTIMATORS, ["aepo", "arpo_hard", "arpo_soft", "dr_grpo", "grpo", "loop", "reinforce_pp", "rloo"]),
+        (
+            ADVANTAGE_ESTIMATORS,
+            ["aepo", "arpo_hard", "arpo_soft", "dr_grpo", "grpo", "loop", "reinforce_pp", "rloo", "tree_steps"],
+        ),
         (POLICY_LOSSES, ["aepo_clip", "cispo", "gppo", "ppo_clip", "sg_clip"]),
         (LOSS_AGGREGATIONS, ["seq-mean-token-mean", "seq-mean-token-sum", "token-mean"]),
         (TOOLS, ["browse", "python", "search"]),
