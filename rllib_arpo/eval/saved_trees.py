@@ -6,7 +6,11 @@ entropies before and after it and the fork decision (``core.tree.BranchPoint``),
 reward, correctness and advantage, and for every model span the rows that train it with the
 advantage it gets there. That last list is the attribution of a shared span: one entry (trained
 once, with the mean advantage of the trajectories below it) is ARPO's hard advantage; one entry
-per trajectory (each with its own advantage) is the soft one and GRPO's.
+per trajectory (each with its own advantage) is the soft one and GRPO's. A model span below a
+fork also keeps its step term S (``core.step_advantages``: the mean reward of the leaves below
+its branch minus that below the fork, over the group's reward std), which ``tree_steps`` adds,
+times ``step_weight``, to the hard advantage; the tree and rewards alone give it, so it is kept
+whatever the estimator.
 
 During training the driver appends one line per iteration to ``SAVED_TREES_FILE`` in the trial's
 directory: ``{"iteration": k, "weights_version": v, "trees": [record, ...]}`` for the first
@@ -22,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rllib_arpo.core.step_advantages import forks_above, step_terms
 from rllib_arpo.core.tree import RolloutTree, SegmentKind, TrajectoryRow
 from rllib_arpo.eval.report import read_json_lines
 
@@ -57,10 +62,12 @@ def tree_record(
 ) -> dict:
     """The JSON-ready record of ``tree`` (module docstring): ``decode`` turns token ids into text,
     ``rewards[i]`` and ``correctness[i]`` are trajectory i's, ``attribution`` is
-    ``span_attribution``'s (training; None in an evaluation, which trains nothing)."""
+    ``span_attribution``'s (training; None in an evaluation, which trains nothing, and then no
+    span has a step term either)."""
     if not len(rewards) == len(correctness) == tree.num_trajectories:
         raise ValueError(f"{len(rewards)} rewards, {len(correctness)} scores for {tree.num_trajectories} trajectories")
     members = tree.segment_members()
+    forks, steps = forks_above(tree), step_terms(tree, np.asarray(rewards, dtype=np.float64))
     segments = []
     for index, segment in enumerate(tree.segments):
         record = {
@@ -86,6 +93,8 @@ def tree_record(
             record["entropy"] = _rounded(np.mean(segment.entropies)) if segment.entropies else None
             if attribution is not None:
                 record["trained"] = attribution[index]
+                if forks[index] is not None and members[index]:
+                    record["step"] = _rounded(steps[index])
         segments.append(record)
     leaves = []
     for trajectory, leaf in enumerate(tree.leaves):

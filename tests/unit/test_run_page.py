@@ -260,6 +260,35 @@ def test_text_that_looks_like_markup_in_the_data_leaves_the_page_whole(tmp_path,
     assert errors == [] and len(charts) == len(training_page(trial)["curves"]) > 0
 
 
+def test_the_tree_viewer_shows_the_step_term_of_each_span_below_a_fork(tmp_path, browser):
+    model = {"kind": "model", "tokens": 1, "entropy": 0.5}
+    tree = {
+        "prompt": "p",
+        "segments": [
+            {**model, "parent": None, "text": "a", "members": [0, 1], "trained": [[0, 0.0]]},
+            {"parent": 0, "kind": "tool", "text": "r", "tokens": 1, "members": [0, 1], "tool": "search"},
+            {**model, "parent": 1, "text": "b", "members": [0], "trained": [[0, 2.0]], "step": 1.0},
+            {**model, "parent": 1, "text": "c", "members": [1], "trained": [[1, -2.0]], "step": -1.0},
+        ],
+        "leaves": [{"segment": 2, "reward": 1.0, "advantage": 2.0}, {"segment": 3, "reward": 0.0, "advantage": -2.0}],
+    }
+    trial = write_trial(tmp_path / "exp" / "ARPO_0", [result_row(1, 0.25, None)], trees={1: [tree]})
+    ((page_path, _),) = write_run_report(trial)
+    page, errors = open_page(browser, page_path)
+    notes = page.evaluate(
+        "Array.from(document.querySelectorAll('details.span'), d => Array.from(d.querySelectorAll('summary .attr'), "
+        "e => e.textContent))"
+    )
+    page.close()
+    assert errors == []
+    assert notes == [
+        ["trained once, A = +0.00 (hard)"],
+        [],
+        ["A = +2.00", "step +1.00"],
+        ["A = \u22122.00", "step \u22121.00"],
+    ]
+
+
 def write_evaluation(output, results: list[dict], transcript: str):
     """An ``rllib evaluate --output`` directory: ``results`` in results.json, ``transcript`` as gsm8k's."""
     (output / "transcripts").mkdir(parents=True)

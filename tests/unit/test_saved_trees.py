@@ -84,10 +84,20 @@ def test_a_record_holds_the_spans_the_fork_and_each_leaf():
     json.dumps(record)  # JSON-ready as it is
 
 
+def test_a_span_below_a_fork_keeps_its_step_term_which_tree_steps_adds():
+    # m2 leaves the fork t1: V(m2) - V(t1) = 1 - 1/2, over std 1/2: +1 (the record's eps 1e-6
+    # moves it by 2e-6, under the 1e-4 kept); m3: 0 - 1/2: -1; m0 and m4 hang below the prompt
+    record = record_of("tree_steps")
+    model = [s for s in record["segments"] if s["kind"] == "model"]
+    assert [s.get("step") for s in model] == [None, 1.0, -1.0, None]
+    # tree_steps trains each span once with the hard advantage plus step_weight (1) times S
+    assert [s["trained"] for s in model] == [[[0, 0.0]], [[0, 2.0]], [[1, -2.0]], [[2, 0.0]]]
+
+
 def test_an_evaluation_record_has_no_attribution_and_mismatched_scores_are_refused():
     tree = branched_tree()
     record = tree_record(tree, str, REWARDS, [1.0, 0.0, 0.0])
-    assert all("trained" not in s for s in record["segments"])
+    assert all("trained" not in s and "step" not in s for s in record["segments"])
     assert [leaf["advantage"] for leaf in record["leaves"]] == [None, None, None]
     with pytest.raises(ValueError, match="2 rewards, 3 scores for 3 trajectories"):
         tree_record(tree, str, REWARDS[:2], [1.0, 0.0, 0.0])
