@@ -23,6 +23,16 @@ TESTS = Path(__file__).resolve().parent
 # ``-n 2 --dist loadfile --no-loadscope-reorder`` the two workers end on the many short unit files
 # together rather than one of them on a long integration test while the other idles
 TIERS = ("integration", "multinode", "vllm", "models", "unit")
+SLOWEST_FILES = (
+    "integration/test_tiny_policy_build.py",
+    "integration/test_resume.py",
+    "integration/test_scripts_training.py",
+    "integration/test_scripts_benchmarks.py",
+    "integration/test_learners.py",
+)
+"""Files that take 5 to 10 minutes, each run first in its tier, slowest first: pytest-xdist hands
+each worker whole files in this order, and a long file started last keeps one worker busy after
+the others have ended."""
 
 # Every ``ray.init()`` without an address, here and in the subprocesses tests start, starts its own
 # Ray: without this Ray joins the cluster named in /tmp/ray/ray_current_cluster, which a ``ray start``
@@ -45,7 +55,8 @@ def _size_this_workers_thread_pools_to_its_share_of_the_cores() -> None:
     if worker is None or count < 2:
         return
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    share = cores[int(worker.removeprefix("gw")) % count :: count] or cores
+    index = int(worker.removeprefix("gw"))
+    share = cores[index::count] or [cores[index % len(cores)]]  # more workers than cores: one core each, in turn
     for pool in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[pool] = str(len(share))
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, share))
@@ -71,7 +82,8 @@ def pytest_collection_modifyitems(config, items):
         if tier is not None:
             item.add_marker(tier)
     order = {tier: position for position, tier in enumerate(TIERS)}
-    items.sort(key=lambda item: order.get(tier_of(item.path), len(TIERS)))
+    slowest = {TESTS / name: position for position, name in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: (order.get(tier_of(item.path), len(TIERS)), slowest.get(item.path, len(slowest))))
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -1,13 +1,19 @@
 """One Ray session for the integration tests of a pytest process (the tiny policy and
 ``small_config`` are in tests/conftest.py)."""
 
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 ray = pytest.importorskip("ray")
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
@@ -61,3 +67,34 @@ def engine_weights():
         return algo.env_runner_group.foreach_env_runner(of_runner, local_env_runner=False)
 
     return weights_of
+
+
+def run_a_script(name: str, *arguments: str, cache: Path, logs: Path | None = None, **env: str) -> str:
+    """``python scripts/NAME ARGUMENTS`` with the test session's tiny policy (and ``env`` on top of
+    this environment); its stdout. A script that fails or runs past 10 minutes fails the test with
+    the ends of its output and of the ``*.log`` files in ``logs`` (where a script writes what the
+    runs it starts print)."""
+    env = {**os.environ, "RLLIB_ARPO_CACHE": str(cache), **env}
+    command = [sys.executable, str(REPO / "scripts" / name), *arguments]
+    try:
+        completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired as timeout:  # its output is bytes, whatever text= says
+        output = [(stream or b"").decode(errors="replace") for stream in (timeout.stdout, timeout.stderr)]
+        pytest.fail(f"{name} ran past 10 minutes\n" + ends_of(*output, logs), pytrace=False)
+    assert completed.returncode == 0, ends_of(completed.stdout, completed.stderr, logs)
+    return completed.stdout
+
+
+def ends_of(stdout: str, stderr: str, logs: Path | None) -> str:
+    """The last lines of a script's ``stdout`` and ``stderr`` and of each ``*.log`` in ``logs``."""
+    ends = [f"stdout: ...{stdout[-2000:]}", f"stderr: ...{stderr[-3000:]}"]
+    for log in sorted(logs.glob("*.log")) if logs else []:
+        ends.append(f"{log.name}: ...{log.read_text(errors='replace')[-3000:]}")
+    return "\n".join(ends)
+
+
+@pytest.fixture(scope="session")
+def run_script() -> Callable[..., str]:
+    """``run_script(NAME, *ARGUMENTS, cache=..., logs=..., **env)``: ``run_a_script``, for the files
+    that test the scripts the docs quote (split in three so that pytest-xdist's workers share them)."""
+    return run_a_script
