@@ -10,8 +10,11 @@ response ends with the template's end-of-turn token (the tokenizer's EOS, e.g. C
 ``<|im_end|>``).
 
 A tokenizer without a chat template (the embedded tiny policy) gets the example's
-``plain_prompt`` (the embedded task's ``"Question: ...\\nAnswer: "``), else the contents of the
-messages joined by blank lines.
+``plain_prompt`` where its loader sets one, else the embedded task's plain form of its question
+(its last user message): ``"Question: ...\\nAnswer: "`` (``question_prompt``), the form the
+tiny policy was trained to read, whatever the dataset type. Only a prompt without a user message
+falls back to the contents of its messages joined by blank lines. A tokenizer with a chat
+template never reads ``plain_prompt``.
 
 Tags are single tokens only in the tiny policy's tokenizer. In a real model's vocabulary
 ``</search>`` is several tokens (SmolLM2: ``" </"``, ``"search"``, ``">"``); the engines stop on
@@ -38,6 +41,24 @@ def tir_messages(question: str, system_prompt: str = TIR_SYSTEM_PROMPT) -> tuple
     return ({"role": "system", "content": system_prompt}, {"role": "user", "content": question})
 
 
+def question_prompt(question: str) -> str:
+    """The embedded task's plain prompt of ``question``: what a tokenizer without a chat template
+    reads, and the form the tiny policy was trained on; its response starts right after it."""
+    return f"Question: {question}\nAnswer: "
+
+
+def plain_text(example: PromptExample) -> str:
+    """The text a tokenizer without a chat template reads for chat messages (module docstring):
+    the example's ``plain_prompt``, else ``question_prompt`` of its last user message, else (no
+    user message) the messages' contents joined by blank lines."""
+    if example.plain_prompt:
+        return example.plain_prompt
+    questions = [m["content"] for m in example.prompt if m.get("role") == "user"]
+    if questions:
+        return question_prompt(questions[-1])
+    return "\n\n".join(m["content"] for m in example.prompt) + "\n"
+
+
 def has_chat_template(tokenizer) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
@@ -45,15 +66,14 @@ def has_chat_template(tokenizer) -> bool:
 def encode_prompt(tokenizer, example: PromptExample) -> list[int]:
     """Token ids of the prompt (see the module docstring): plain text as is; chat messages
     through the chat template with the generation prompt; without a chat template, the
-    example's ``plain_prompt`` or the messages joined by blank lines."""
+    example's ``plain_text``."""
     if isinstance(example.prompt, str):
         return tokenizer.encode(example.prompt, add_special_tokens=False)
     messages = [dict(m) for m in example.prompt]
     if has_chat_template(tokenizer):
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
-    text = example.plain_prompt or "\n\n".join(m["content"] for m in messages) + "\n"
-    return tokenizer.encode(text, add_special_tokens=False)
+    return tokenizer.encode(plain_text(example), add_special_tokens=False)
 
 
 def render_prompt(tokenizer, example: PromptExample) -> str:

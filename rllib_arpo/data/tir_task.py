@@ -58,6 +58,7 @@ from typing import Literal
 
 import numpy as np
 
+from rllib_arpo.data.prompts import question_prompt
 from rllib_arpo.tools.base import ToolCall, ToolResult, wrap_result
 
 QuestionKind = Literal["search", "python", "both"]
@@ -283,8 +284,9 @@ class TIRTask:
 
 
 def format_prompt(example: TIRExample) -> str:
-    """The plain-text prompt; the model's response starts right after it."""
-    return f"Question: {example.question}\nAnswer: "
+    """The plain-text prompt (``data.prompts.question_prompt``); the model's response starts right
+    after it."""
+    return question_prompt(example.question)
 
 
 def reference_solution(example: TIRExample, *, search: ToolFn, python: ToolFn) -> ReferenceSolution:

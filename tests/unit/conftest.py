@@ -72,3 +72,42 @@ def load_script():
         return module
 
     return load
+
+
+class CharacterTokenizer:
+    """A tokenizer without a chat template whose ids are the characters' code points, so a prompt's
+    ids spell its text exactly (``data.prompts.encode_prompt``'s plain branch)."""
+
+    chat_template = None
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        assert not add_special_tokens
+        return [ord(c) for c in text]
+
+
+class ChatMLCharacterTokenizer(CharacterTokenizer):
+    """``CharacterTokenizer`` with a ChatML chat template: chat messages go through
+    ``apply_chat_template`` (rendered here as ChatML, the generation prompt at the end), never
+    through ``encode``."""
+
+    chat_template = "chatml"
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        raise AssertionError(f"a tokenizer with a chat template encoded plain text: {text!r}")
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool, tokenize: bool) -> list[int]:
+        assert add_generation_prompt and tokenize
+        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+        return [ord(c) for c in text + "<|im_start|>assistant\n"]
+
+
+@pytest.fixture
+def plain_tokenizer() -> CharacterTokenizer:
+    """A tokenizer without a chat template, ids = code points (``CharacterTokenizer``)."""
+    return CharacterTokenizer()
+
+
+@pytest.fixture
+def chat_tokenizer() -> ChatMLCharacterTokenizer:
+    """A tokenizer with a ChatML chat template, ids = code points (``ChatMLCharacterTokenizer``)."""
+    return ChatMLCharacterTokenizer()

@@ -7,7 +7,7 @@ from decimal import Decimal
 import pytest
 import reasoning_gym
 
-from rllib_arpo.data.prompts import tir_messages
+from rllib_arpo.data.prompts import TIR_SYSTEM_PROMPT, encode_prompt, tir_messages
 from rllib_arpo.data.registry import DATASET_LOADERS, load_dataset
 from rllib_arpo.experiment_file import ConfigError, check_config
 from rllib_arpo.rewards.settings import RewardSettings
@@ -35,6 +35,18 @@ def test_an_example_is_the_library_entry_under_arpos_prompt():
         "reasoning_gym/basic_arithmetic",
     )
     assert example.extra == {"reasoning_gym": {"task": "basic_arithmetic", "options": {}, "entry": entry}}
+
+
+def test_without_a_chat_template_a_question_reads_as_the_embedded_tasks(plain_tokenizer, chat_tokenizer):
+    [example] = load_dataset(spec(size=1, seed=4))
+    question = reasoning_gym.create_dataset("basic_arithmetic", seed=4, size=1)[0]["question"]
+    plain = "".join(map(chr, encode_prompt(plain_tokenizer, example)))
+    assert plain == "Question: " + question + "\nAnswer: "
+    chat = "".join(map(chr, encode_prompt(chat_tokenizer, example)))
+    assert chat == (
+        f"<|im_start|>system\n{TIR_SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
 
 
 def test_generation_is_deterministic_per_seed():

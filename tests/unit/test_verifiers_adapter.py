@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from rllib_arpo.data.prompts import tir_messages
+from rllib_arpo.data.prompts import TIR_SYSTEM_PROMPT, encode_prompt, tir_messages
 from rllib_arpo.data.registry import DATASET_LOADERS, load_dataset
 from rllib_arpo.experiment_file import ConfigError, check_config
 from rllib_arpo.rewards.settings import RewardSettings
@@ -136,6 +136,15 @@ def test_a_task_is_its_prompt_under_arpos_prompt_and_its_row_is_kept():
         "What is 3 + 4?",
         "Box the sum.",
         "7",
+    )
+
+
+def test_without_a_chat_template_a_task_reads_as_the_embedded_tasks(plain_tokenizer, chat_tokenizer):
+    example = load_dataset(spec(args={"count": 1}))[0]
+    assert "".join(map(chr, encode_prompt(plain_tokenizer, example))) == "Question: What is 1 + 2?\nAnswer: "
+    assert "".join(map(chr, encode_prompt(chat_tokenizer, example))) == (
+        f"<|im_start|>system\n{TIR_SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\nWhat is 1 + 2?<|im_end|>\n"
+        "<|im_start|>assistant\n"
     )
 
 
@@ -299,5 +308,6 @@ def test_the_dry_run_of_an_experiment_file_shows_the_environments_prompts(tmp_pa
     command = [sys.executable, "-m", "rllib_arpo.cli", "train", "file", str(tmp_path / "sums.yaml"), "--dry-run"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "--- prompt 1 (training, verifiers/arpo_sums_env, 157 tokens, answer '3') ---" in result.stdout
-    assert "\nWhat is 1 + 2?\n" in result.stdout
+    # the tiny policy has no chat template: it reads the embedded task's plain prompt of the question
+    assert "--- prompt 1 (training, verifiers/arpo_sums_env, 13 tokens, answer '3') ---" in result.stdout
+    assert "\nQuestion: What is 1 + 2?\nAnswer:" in result.stdout

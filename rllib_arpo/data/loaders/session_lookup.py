@@ -28,7 +28,7 @@ from __future__ import annotations
 import random
 
 from rllib_arpo.data.examples import PromptExample
-from rllib_arpo.data.prompts import TIR_SYSTEM_PROMPT, tir_messages
+from rllib_arpo.data.prompts import TIR_SYSTEM_PROMPT, question_prompt, tir_messages
 from rllib_arpo.data.registry import DATASET_LOADERS
 
 KINDS = ("sum", "largest", "even_count", "fruit_pair")
@@ -55,7 +55,7 @@ def load_session_lookup(
             str(answer),
             "math",
             kind,
-            plain_prompt=f"Question: {question}\nAnswer: ",
+            plain_prompt=question_prompt(question),
             extra={"setup": setup},
         )
         drawn.setdefault((setup, question), example)
