@@ -35,21 +35,21 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, LEARNER_RESULTS
 from ray.tune.utils.util import SafeFallbackEncoder
 
-from rllib_arpo.config_fields import (
+from rllib_arpo.config.family import FAMILY
+from rllib_arpo.config.fields import (
     CONFIG_GROUPS,
     RENAMED_FIELDS,
     group_of_field,
     group_summary,
     unknown_field_hint,
 )
-from rllib_arpo.config_rules import validate_config
+from rllib_arpo.config.rules import validate_config
 from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, AttributedRows, compute_advantages
 from rllib_arpo.core.settings import default_of
 from rllib_arpo.core.tree import RolloutTree, SegmentKind
 from rllib_arpo.eval.evaluate import evaluate_env_runner
 from rllib_arpo.eval.report import BEFORE_TRAINING, EVALUATION
 from rllib_arpo.eval.saved_trees import SAVED_TREES_FILE, append_saved_trees, span_attribution, tree_record
-from rllib_arpo.family import FAMILY
 from rllib_arpo.hardware import dtype_choice
 from rllib_arpo.learner.backends import LEARNER_BACKENDS
 from rllib_arpo.learner.checkpoint import (
@@ -64,11 +64,11 @@ from rllib_arpo.learner.group import update_learners
 from rllib_arpo.learner.packing import pad_rows
 from rllib_arpo.learner.rl_module import MODEL_CONFIG_KEYS, CausalLMModule
 from rllib_arpo.learner.rllib_compat import thawed
-from rllib_arpo.metrics_export import RayMetricsExporter
 from rllib_arpo.models.lora import LoraSettings
 from rllib_arpo.rollout.env_runner import ARPOEnvRunner, DataPosition, RolloutBatch
 from rllib_arpo.rollout.failures import check_failures
-from rllib_arpo.rollout_pipeline import RolloutPipeline, SampleFailure, batch_staleness, sample_or_failure
+from rllib_arpo.runtime.metrics_export import RayMetricsExporter
+from rllib_arpo.runtime.rollout_pipeline import RolloutPipeline, SampleFailure, batch_staleness, sample_or_failure
 from rllib_arpo.weights import WEIGHT_SYNCS
 from rllib_arpo.weights.object_store import policy_weights, tensor_bytes
 

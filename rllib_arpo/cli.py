@@ -35,11 +35,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rllib_arpo.core.user_imports import UserImports, import_user_modules
 from rllib_arpo.data.tir_task import TASK_VARIANTS
-from rllib_arpo.experiment_file import ConfigError, grid_size, is_search_space, load_experiments
+from rllib_arpo.experiment.file import ConfigError, grid_size, is_search_space, load_experiments
 from rllib_arpo.gpu_check import PIECES as GPU_CHECK_PIECES
 from rllib_arpo.models.optimizers import OPTIMIZER_STATES
-from rllib_arpo.user_imports import UserImports, import_user_modules
 
 DEFAULT_STORAGE = "~/ray_results"
 SCHEDULERS = ("asha",)
@@ -81,8 +81,8 @@ def _scheduler(spec: dict | None, name: str):
 
 def dry_run(path: str, stop: dict | None = None, config: dict | None = None, imports: list[str] | None = None) -> int:
     """Check the file and print every experiment's dry-run report (``dry_run``); start nothing."""
-    from rllib_arpo.dry_run import PlannedExperiment, dry_run_report
-    from rllib_arpo.experiment_file import check_config, trial_configs
+    from rllib_arpo.experiment.dry_run import PlannedExperiment, dry_run_report
+    from rllib_arpo.experiment.file import check_config, trial_configs
 
     command_line_imports(imports)
     for name, experiment in load_experiments(path, stop, config).items():
@@ -119,7 +119,7 @@ def train_file(
 
     from rllib_arpo.algorithm import TRAINABLES, register_trainables
     from rllib_arpo.eval.report import write_report
-    from rllib_arpo.tune_logs import trial_loggers
+    from rllib_arpo.runtime.tune_logs import trial_loggers
 
     owns_ray = not ray.is_initialized()
     if owns_ray:
@@ -129,7 +129,7 @@ def train_file(
         raise ConfigError(
             f"imports: Ray is already running in this process and its workers would not import {entries}: "
             "call ray.shutdown() first, so that train_file starts Ray with them (or start Ray with "
-            "ray.init(runtime_env=UserImports.runtime_env()) of rllib_arpo.user_imports)"
+            "ray.init(runtime_env=UserImports.runtime_env()) of rllib_arpo.core.user_imports)"
         )
     # Tune keeps registered trainables in the Ray session's store, filled at the first ray.init() after
     # the import: a Ray started again in this process (after a ray.shutdown()) would know no "ARPO"
@@ -183,7 +183,7 @@ def dtype_lines(experiment: dict) -> list[str]:
     each different line once: the run's first lines. ``ARPO.setup`` makes the same choice in each
     trial, and logs the warning of a configured half precision this CPU multiplies slowly."""
     from rllib_arpo.algorithm import TRAINABLES
-    from rllib_arpo.experiment_file import trial_configs
+    from rllib_arpo.experiment.file import trial_configs
     from rllib_arpo.hardware import dtype_choice
 
     default_config = TRAINABLES[experiment["run"]].get_default_config
@@ -221,7 +221,7 @@ def evaluate(args: argparse.Namespace) -> int:
     benchmarks, all checked before any model is built or loaded (``check_config``, then
     ``eval.benchmark.load_benchmarks``), then ``eval.benchmark.evaluate_benchmarks``."""
     from rllib_arpo.eval import benchmark
-    from rllib_arpo.experiment_file import check_config, resolve_paths, trial_configs
+    from rllib_arpo.experiment.file import check_config, resolve_paths, trial_configs
 
     output = Path(args.output)
     try:

@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
-from rllib_arpo.time_limit import call_with_time_limit
+from rllib_arpo.core.time_limit import call_with_time_limit
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 GPU_MEMORY_FRACTION = 0.3  # of the GPU, per vLLM engine: room for a learner or a second engine beside it
@@ -589,7 +589,7 @@ def _learner_group(config):
     from ray.rllib.core import DEFAULT_MODULE_ID
     from transformers import AutoConfig
 
-    from rllib_arpo.spaces import placeholder_spaces
+    from rllib_arpo.models.spaces import placeholder_spaces
 
     _start_ray()  # where a test calls a piece directly; ``run_checks`` started it in its own thread
     vocab_size = AutoConfig.from_pretrained(config.model_path).vocab_size

@@ -267,7 +267,7 @@ def measure(
     from rllib_arpo.learner.group import update_learners
     from rllib_arpo.learner.memory import learner_memory_of_config
     from rllib_arpo.models.catalogue import resolve_model_path
-    from rllib_arpo.spaces import placeholder_spaces
+    from rllib_arpo.models.spaces import placeholder_spaces
 
     path = resolve_model_path(model_path)
     config = (

@@ -60,7 +60,7 @@ RAY_LACKS = (
     "the symbols of its ELF files (_raylet.so, gcs_server, raylet, the vendored extension modules; "
     "strip --strip-unneeded): native stack traces in a crash report show addresses, not function names",
     "the `default` extra's packages: ray.init starts no dashboard and no metrics agent, so the run's "
-    "Ray metrics (rllib_arpo.metrics_export, the arpo_* gauges) reach no Prometheus; Tune's "
+    "Ray metrics (rllib_arpo.runtime.metrics_export, the arpo_* gauges) reach no Prometheus; Tune's "
     "TensorBoard, CSV and JSON results are as always",
 )
 # where an sdist's build reads its options: DeepSpeed builds no CUDA ops ahead of time (JIT at run time)

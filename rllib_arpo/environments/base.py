@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from rllib_arpo.core.registry import Registry
-from rllib_arpo.time_limit import call_with_time_limit
-from rllib_arpo.user_imports import import_function
+from rllib_arpo.core.time_limit import call_with_time_limit
+from rllib_arpo.core.user_imports import import_function
 
 
 @runtime_checkable

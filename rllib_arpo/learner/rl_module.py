@@ -1,7 +1,7 @@
 """A Hugging Face causal LM as an RLlib ``TorchRLModule``.
 
 RLlib's module API is built for env observations and actions; an LLM policy acts on token ids.
-The module therefore takes placeholder gym spaces (RLlib needs some; ``rllib_arpo.spaces``) and
+The module therefore takes placeholder gym spaces (RLlib needs some; ``rllib_arpo.models.spaces``) and
 works on token batches: ``forward_train`` returns log pi(x_t | x_<t) of every next token
 (``learner.forward.sequence_logprobs``: padded rows or a packed layout).
 

@@ -72,11 +72,11 @@ import openai
 
 from rllib_arpo.core.answers import extract_answer
 from rllib_arpo.core.registry import Registry
+from rllib_arpo.core.time_limit import call_with_time_limit
+from rllib_arpo.core.user_imports import import_function
 from rllib_arpo.rewards.hierarchical import format_gated
 from rllib_arpo.rewards.registry import REWARDS
 from rllib_arpo.rewards.settings import RewardSettings
-from rllib_arpo.time_limit import call_with_time_limit
-from rllib_arpo.user_imports import import_function
 
 PLACEHOLDERS = ("question", "answer", "response", "ground_truth", "row")
 """The names a ``prompt`` template may use (module docstring)."""

@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rllib_arpo.core.registry import Registry
-from rllib_arpo.user_imports import import_function
+from rllib_arpo.core.user_imports import import_function
 
 CALL_KEYWORDS = ("response", "row", "tool_calls")
 BATCHED_CALL_KEYWORDS = ("responses", "row", "tool_calls")

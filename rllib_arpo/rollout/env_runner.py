@@ -42,6 +42,7 @@ from rllib_arpo.data.prompt_stream import PromptStream
 from rllib_arpo.data.prompts import encode_prompt
 from rllib_arpo.data.registry import load_dataset
 from rllib_arpo.models.lora import LoraSettings
+from rllib_arpo.models.spaces import placeholder_spaces
 from rllib_arpo.rewards.scores import accuracy
 from rllib_arpo.rewards.settings import RewardSettings
 from rllib_arpo.rollout.engine import ENGINES
@@ -56,7 +57,6 @@ from rllib_arpo.rollout.scoring import (
 )
 from rllib_arpo.rollout.settings import RolloutSettings
 from rllib_arpo.rollout.tree_rollout import TreeRollout
-from rllib_arpo.spaces import placeholder_spaces
 from rllib_arpo.tools.base import ToolExecutor, build_tools
 from rllib_arpo.weights import WEIGHT_SYNCS
 

@@ -37,10 +37,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from rllib_arpo.core.time_limit import call_with_time_limit
 from rllib_arpo.core.tree import RolloutTree
 from rllib_arpo.environments.base import Environment, EnvironmentSpec, resolve_environment
 from rllib_arpo.rewards.scores import RewardBreakdown
-from rllib_arpo.time_limit import call_with_time_limit
 from rllib_arpo.tools.base import MAX_ERROR_CHARS
 
 

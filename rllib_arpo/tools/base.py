@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from rllib_arpo.core.registry import Registry
-from rllib_arpo.time_limit import call_with_time_limit
+from rllib_arpo.core.time_limit import call_with_time_limit
 
 logger = logging.getLogger(__name__)
 

@@ -83,7 +83,7 @@ def train_twice(config, batch) -> tuple[dict[str, torch.Tensor], list[float], di
     from transformers import AutoConfig
 
     from rllib_arpo.learner.group import update_learners
-    from rllib_arpo.spaces import placeholder_spaces
+    from rllib_arpo.models.spaces import placeholder_spaces
     from rllib_arpo.weights.object_store import policy_weights
 
     vocab_size = AutoConfig.from_pretrained(config.model_path).vocab_size
@@ -167,7 +167,7 @@ def test_deepspeed_bf16_optimizer_keeps_float32_master_weights(ray_session, smal
     from transformers import AutoConfig
 
     from rllib_arpo.learner.group import update_learners
-    from rllib_arpo.spaces import placeholder_spaces
+    from rllib_arpo.models.spaces import placeholder_spaces
     from rllib_arpo.weights.object_store import policy_weights
 
     config = learner_config(small_model_dir, num_learners=0, learner_backend="deepspeed").training(lr=1e-6)

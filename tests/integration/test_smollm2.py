@@ -13,7 +13,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from safetensors.torch import load_file
 
 from rllib_arpo.algorithm import ARPOConfig
-from rllib_arpo.experiment_file import load_experiments
+from rllib_arpo.experiment.file import load_experiments
 from rllib_arpo.learner.rl_module import hf_state_dict
 
 REPO = Path(__file__).resolve().parents[2]

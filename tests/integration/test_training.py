@@ -179,7 +179,7 @@ def test_family_members_train_by_name_through_tune(ray_session, small_config, tm
     The untrained tiny policy breaks the format everywhere (equal rewards), so DAPO keeps sampling
     up to its round limit; REINFORCE++ measures the KL to the initial policy in the EnvRunner."""
     import rllib_arpo  # noqa: F401  (registers the family with Tune)
-    from rllib_arpo.family import FAMILY
+    from rllib_arpo.config.family import FAMILY
 
     param_space = {k: v for k, v in small_config.to_dict().items() if k not in FAMILY[name].defaults}
     param_space["dynamic_sampling_max_rounds"] = 2

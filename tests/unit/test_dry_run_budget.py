@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from rllib_arpo.data.tir_task import SPLIT_NAMES, TIRTask, format_prompt
-from rllib_arpo.dry_run import PlannedExperiment, reference_response_tokens, response_budget_section
+from rllib_arpo.experiment.dry_run import PlannedExperiment, reference_response_tokens, response_budget_section
 from rllib_arpo.models.tiny_policy import build_tokenizer
 
 OPTIONS = {"seed": 0, "num_entities": 16, "num_train": 6, "num_valid": 3, "num_test": 3}

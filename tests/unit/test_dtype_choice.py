@@ -11,9 +11,9 @@ from ray import tune
 
 from rllib_arpo import hardware
 from rllib_arpo.cli import dtype_lines, main, train_file
-from rllib_arpo.config_fields import PolicySettings
+from rllib_arpo.config.fields import PolicySettings
 from rllib_arpo.core.dtypes import DtypeChoice, choose_dtype
-from rllib_arpo.experiment_file import load_experiments
+from rllib_arpo.experiment.file import load_experiments
 
 RECIPE = Path(__file__).resolve().parents[2] / "tuned_examples" / "arpo_smollm2.yaml"
 AVX2 = frozenset({"fpu", "avx", "avx2", "fma"})
@@ -50,7 +50,7 @@ AVX2_WARNING = (
             "bfloat16",
             "auto: NVIDIA H200 supports bfloat16",
         ),
-        (  # not float16: its loss would need scaling (config_rules.float16_needs_loss_scaling)
+        (  # not float16: its loss would need scaling (config/rules.py: float16_needs_loss_scaling)
             {"cpu_flags": AMX, "on_gpu": True, "cuda_device": "Tesla V100-SXM2-16GB", "cuda_bf16": False},
             "float32",
             "auto: Tesla V100-SXM2-16GB has no native bfloat16",

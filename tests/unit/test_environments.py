@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from rllib_arpo.config_rules import validate_config
+from rllib_arpo.config.rules import validate_config
 from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.environments.base import EnvironmentSpec, resolve_environment
 from rllib_arpo.rewards.registry import resolve_reward
@@ -142,7 +142,7 @@ def test_a_constructor_or_close_that_hangs_fails_the_config_check_in_one_line(sm
 
 
 def test_the_dry_run_shows_how_the_environment_is_acted_on_copied_and_first_seen(small_config):
-    from rllib_arpo.dry_run import PlannedExperiment, environment_section
+    from rllib_arpo.experiment.dry_run import PlannedExperiment, environment_section
 
     assert environment_section(PlannedExperiment("none", {}, small_config, 1)).startswith("none (stateful_env: null)")
     config = small_config.tool_use(stateful_env={"name": f"{__name__}:Walk"})

@@ -8,7 +8,7 @@ import ray
 from ray import tune
 
 from rllib_arpo.cli import main
-from rllib_arpo.experiment_file import ConfigError, load_experiments, resolve_paths, trial_configs
+from rllib_arpo.experiment.file import ConfigError, load_experiments, resolve_paths, trial_configs
 
 TINY = "x:\n  run: ARPO\n  config:\n    model_path: tiny\n"
 
@@ -256,9 +256,9 @@ def test_relative_paths_resolve_against_the_file_then_the_launch_directory(tmp_p
 
 
 def test_the_file_and_the_python_api_run_the_same_rules(monkeypatch):
-    from rllib_arpo import config_rules
     from rllib_arpo.algorithm import ARPOConfig
-    from rllib_arpo.experiment_file import check_config
+    from rllib_arpo.config import rules as config_rules
+    from rllib_arpo.experiment.file import check_config
 
     def tau_at_most_a_half(config):
         if config.tau > 0.5:
@@ -276,7 +276,7 @@ def test_the_default_held_out_set_is_the_split_the_dataset_type_declares(monkeyp
     import dataclasses
 
     from rllib_arpo.eval import evaluate
-    from rllib_arpo.experiment_file import check_config
+    from rllib_arpo.experiment.file import check_config
 
     loaders = evaluate.DATASET_LOADERS
     tir_task = loaders.get("tir_task")
@@ -293,7 +293,7 @@ def test_every_grid_value_is_checked_once():
 
 
 def test_a_dry_run_section_is_one_decorated_function(monkeypatch):
-    from rllib_arpo import dry_run
+    from rllib_arpo.experiment import dry_run
 
     assert [title for title, _ in dry_run.DRY_RUN_SECTIONS] == [
         "experiment", "resources", "learner memory", "response budget", "prompts", "environment",
@@ -325,7 +325,7 @@ def test_the_dry_runs_learner_memory_is_the_estimate_for_prompt_budget_plus_resp
     from transformers import LlamaConfig
 
     from rllib_arpo.algorithm import ARPOConfig
-    from rllib_arpo.dry_run import PlannedExperiment, learner_memory_section
+    from rllib_arpo.experiment.dry_run import PlannedExperiment, learner_memory_section
     from rllib_arpo.learner.memory import ModelShape, estimate_learner_memory
 
     LlamaConfig(

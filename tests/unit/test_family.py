@@ -14,10 +14,10 @@ import torch
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
 from rllib_arpo.algorithm import TRAINABLES, fill_batch
+from rllib_arpo.config.family import FAMILY
 from rllib_arpo.core.advantages import compute_advantages
 from rllib_arpo.core.losses import compute_policy_loss
 from rllib_arpo.core.tree import RolloutTree, SegmentKind
-from rllib_arpo.family import FAMILY
 from rllib_arpo.learner.group import epoch_options
 from rllib_arpo.rewards.overlong import overlong_penalty
 from rllib_arpo.rewards.scores import RewardBreakdown
@@ -243,7 +243,7 @@ def test_loop_two_epochs_are_two_updates_on_the_same_batch(model_dir):
     from rllib_arpo.algorithm import ARPOConfig
     from rllib_arpo.core.tree import TrajectoryRow
     from rllib_arpo.learner.packing import pad_rows
-    from rllib_arpo.spaces import placeholder_spaces
+    from rllib_arpo.models.spaces import placeholder_spaces
 
     vocab = AutoConfig.from_pretrained(model_dir).vocab_size
     rng = np.random.default_rng(0)

@@ -120,6 +120,14 @@ def test_the_floors_drawn_in_the_architecture_page_are_the_package_rooms():
     assert sorted(drawn_floors()) == sorted({room(name) for name in MODULES})
 
 
+def test_the_package_root_holds_at_most_five_modules_besides_init_and_cli():
+    """The rest stands in rooms whose names say what they hold (``config/``, ``experiment/``,
+    ``runtime/``, ...); ``algorithm.py`` stays at the root, as in RLlib's own algorithm folders."""
+    own = sorted(path.name for path in PACKAGE.glob("*.py") if path.name not in {"__init__.py", "cli.py"})
+    assert "algorithm.py" in own
+    assert len(own) <= 5, own
+
+
 def test_every_import_goes_to_its_own_room_or_a_lower_floor():
     floors = drawn_floors()
     upward = [

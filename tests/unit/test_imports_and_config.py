@@ -175,7 +175,7 @@ def test_fluent_setters_reject_unknown_fields():
 def test_each_field_group_is_the_one_source_of_its_fields_and_defaults():
     from dataclasses import fields as fields_of
 
-    from rllib_arpo.config_fields import CONFIG_GROUPS
+    from rllib_arpo.config.fields import CONFIG_GROUPS
     from rllib_arpo.core.settings import default_of, from_config
     from rllib_arpo.rollout.settings import RolloutSettings
 
@@ -202,7 +202,7 @@ def test_each_field_group_is_the_one_source_of_its_fields_and_defaults():
 def test_each_setters_docstring_is_its_groups_summary_and_every_field_name():
     from dataclasses import fields as fields_of
 
-    from rllib_arpo.config_fields import CONFIG_GROUPS
+    from rllib_arpo.config.fields import CONFIG_GROUPS
 
     assert ARPOConfig.data.__doc__ == (
         "Set DataSettings fields: Where prompts come from.\n\n"

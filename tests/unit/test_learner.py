@@ -18,8 +18,8 @@ from rllib_arpo.learner.packed_forward import packed_logprobs
 from rllib_arpo.learner.packing import pad_rows
 from rllib_arpo.learner.rl_module import hf_state_dict
 from rllib_arpo.learner.torch_learner import SAMPLER_LOGPROBS, ARPOTorchLearner
+from rllib_arpo.models.spaces import placeholder_spaces
 from rllib_arpo.rollout.hf_engine import HFEngine
-from rllib_arpo.spaces import placeholder_spaces
 
 LR = 1e-3
 EPS = 0.2  # clip_eps_low = clip_eps_high

@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.data.prompts import TIR_SYSTEM_PROMPT, encode_prompt
 from rllib_arpo.data.registry import load_dataset
-from rllib_arpo.experiment_file import load_experiments
+from rllib_arpo.experiment.file import load_experiments
 from rllib_arpo.models.catalogue import resolve_model_path
 
 QUESTION = "What is 123 * 45 - 6?"

@@ -30,7 +30,7 @@ from rllib_arpo.learner.rllib_compat import (
     zero_gradients,
 )
 from rllib_arpo.learner.torch_learner import ARPOTorchLearner
-from rllib_arpo.spaces import placeholder_spaces
+from rllib_arpo.models.spaces import placeholder_spaces
 
 ROWS, LENGTH = 3, 7
 

@@ -5,7 +5,7 @@ batch staler than K refused."""
 import pytest
 
 from rllib_arpo.rollout.env_runner import DataPosition, RolloutBatch
-from rllib_arpo.rollout_pipeline import SAMPLE_TAG, RolloutPipeline, SampleFailure, batch_staleness
+from rllib_arpo.runtime.rollout_pipeline import SAMPLE_TAG, RolloutPipeline, SampleFailure, batch_staleness
 
 
 def batch(runner: int, samples: int, weights_version: int = 0) -> RolloutBatch:

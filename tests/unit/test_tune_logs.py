@@ -15,9 +15,9 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboardX import SummaryWriter
 
-import rllib_arpo.tune_logs
+import rllib_arpo.runtime.tune_logs
 from rllib_arpo.learner.checkpoint import RESULTS_FILE, results_up_to, write_manifest
-from rllib_arpo.tune_logs import TBXLoggerCallback, csv_row, rewrite_logs, trial_loggers
+from rllib_arpo.runtime.tune_logs import TBXLoggerCallback, csv_row, rewrite_logs, trial_loggers
 
 
 def row(iteration: int) -> dict:
@@ -173,7 +173,7 @@ def test_a_failure_while_writing_the_new_events_leaves_the_old_ones(tmp_path, mo
 
     staging, storage = restored_trial(tmp_path)
     events = (event_files(staging), event_files(storage))
-    monkeypatch.setattr(rllib_arpo.tune_logs, "TBXLoggerCallback", FailingAfterOneRow)
+    monkeypatch.setattr(rllib_arpo.runtime.tune_logs, "TBXLoggerCallback", FailingAfterOneRow)
 
     with pytest.raises(OSError, match="No space left on device"):
         rewrite_logs(staging, storage, EARLIER, list(csv_row(NEW_ROW)))

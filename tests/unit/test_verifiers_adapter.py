@@ -12,7 +12,7 @@ import pytest
 
 from rllib_arpo.data.prompts import TIR_SYSTEM_PROMPT, encode_prompt, tir_messages
 from rllib_arpo.data.registry import DATASET_LOADERS, load_dataset
-from rllib_arpo.experiment_file import ConfigError, check_config
+from rllib_arpo.experiment.file import ConfigError, check_config
 from rllib_arpo.rewards.settings import RewardSettings
 
 SUMS_ENV = '''

@@ -44,10 +44,10 @@ import reprlib
 from collections.abc import Mapping
 from typing import Any
 
+from rllib_arpo.core.user_imports import import_function
 from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.data.prompts import TIR_SYSTEM_PROMPT, tir_messages
 from rllib_arpo.data.registry import DATASET_LOADERS
-from rllib_arpo.user_imports import import_function
 
 SPLITS = ("train", "test")
 LOADED_SPECS: set[str] = set()

@@ -17,7 +17,7 @@ from typing import Any
 
 from torch.nn import Linear
 
-from rllib_arpo.config_fields import CONFIG_GROUPS, check_rllib_fields
+from rllib_arpo.config.fields import CONFIG_GROUPS, check_rllib_fields
 from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS
 from rllib_arpo.core.settings import from_config
 from rllib_arpo.environments import resolve_environment

@@ -54,8 +54,8 @@ from typing import Any
 import yaml
 
 from rllib_arpo.core.settings import check_type
+from rllib_arpo.core.user_imports import UserImports, import_user_modules
 from rllib_arpo.eval.report import BEFORE_TRAINING, EVALUATION
-from rllib_arpo.user_imports import UserImports, import_user_modules
 
 EXPERIMENT_KEYS = {
     "run", "stop", "config", "checkpoint_config", "storage_path", "num_samples", "scheduler", "imports",
@@ -110,7 +110,7 @@ def load_experiments(
     overrides, resolve its paths and check every trial's config (module docstring); return
     ``{name: experiment}``."""
     from rllib_arpo.algorithm import TRAINABLES, ARPOConfig
-    from rllib_arpo.config_fields import unknown_field_hint
+    from rllib_arpo.config.fields import unknown_field_hint
 
     file = Path(path)
     if not file.is_file():
@@ -297,7 +297,7 @@ def check_config(values: Mapping[str, Any], run: str = "ARPO"):
     (``config_rules.validate_config``, then RLlib's own), then its datasets and tools (module
     docstring); ``ConfigError`` names the first bad key."""
     from rllib_arpo.algorithm import TRAINABLES
-    from rllib_arpo.config_fields import CONFIG_GROUPS
+    from rllib_arpo.config.fields import CONFIG_GROUPS
 
     config = TRAINABLES[run].get_default_config().update_from_dict(dict(values))
     rllib_logger = logging.getLogger("ray.rllib.algorithms.algorithm_config")
