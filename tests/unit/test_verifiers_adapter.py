@@ -10,9 +10,11 @@ import textwrap
 
 import pytest
 
+from rllib_arpo.data.loaders.verifiers import spec_json_of
 from rllib_arpo.data.prompts import TIR_SYSTEM_PROMPT, encode_prompt, tir_messages
 from rllib_arpo.data.registry import DATASET_LOADERS, load_dataset
 from rllib_arpo.experiment.file import ConfigError, check_config
+from rllib_arpo.rewards import verifiers as verifiers_scorer
 from rllib_arpo.rewards.settings import RewardSettings
 
 SUMS_ENV = '''
@@ -212,7 +214,7 @@ def test_a_row_of_another_dataset_type_is_a_reward_error():
     ],
     ids=["code", "another spec"],
 )
-def test_a_row_cannot_choose_the_environment_it_is_scored_with(tmp_path, chosen):
+def test_a_row_cannot_choose_the_environment_it_is_scored_with(tmp_path, chosen, monkeypatch):
     """A row names its environment; only one a ``type: verifiers`` dataset of this process loaded
     is used. (Broken on purpose: without the check, "code" runs ``touch`` and the reward error is
     subprocess's output, not a number.)"""
@@ -220,6 +222,8 @@ def test_a_row_cannot_choose_the_environment_it_is_scored_with(tmp_path, chosen)
     example = load_dataset(spec())[1]
     verifiers = {**example.extra["verifiers"], **chosen, "args": {k: v.format(marker=marker) if isinstance(v, str)
                  else v for k, v in chosen["args"].items()}}  # fmt: skip
+    # not loaded in this process, whichever file this worker ran before (a test there may load it)
+    monkeypatch.setattr(verifiers_scorer, "LOADED_SPECS", verifiers_scorer.LOADED_SPECS - {spec_json_of(verifiers)})
     example = dataclasses.replace(example, extra={"verifiers": verifiers})
     [(reward, correct, _, error)] = scores(
         example, ["<answer>\\boxed{7}</answer>"], RewardSettings(reward={"fn": "verifiers"})
