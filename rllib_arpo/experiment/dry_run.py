@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rllib_arpo.core.time_limit import call_with_time_limit
 from rllib_arpo.hardware import dtype_choice
 
 PROMPTS_SHOWN = 2
@@ -275,7 +276,9 @@ def prompts_section(planned: PlannedExperiment) -> str:
 @dry_run_section("environment")
 def environment_section(planned: PlannedExperiment) -> str:
     """The environment with state (``stateful_env``): how the policy acts on it, how forks copy
-    it, and the first observation of the first training row, which ends that row's prompt."""
+    it, and the first observation of the first training row, which ends that row's prompt. Its
+    ``reset`` and ``close`` run under ``tool_timeout_s``, as in a run: one that hangs is a line
+    here, not a dry run that never ends."""
     from rllib_arpo.data.registry import load_dataset
     from rllib_arpo.environments import resolve_environment
 
@@ -285,19 +288,27 @@ def environment_section(planned: PlannedExperiment) -> str:
         return "none (stateful_env: null): the tools answer each call afresh"
     row = load_dataset(config.dataset)[0].row()
     env = spec.build()
-    try:
-        first = env.reset(row)
-    finally:
-        if callable(getattr(env, "close", None)):
-            env.close()
+    reset = call_with_time_limit(lambda: env.reset(row), config.tool_timeout_s, "dry-run-reset")
+    closed = None  # an instance still resetting is left to its thread unclosed, as in a run
+    if not reset.timed_out and callable(getattr(env, "close", None)):
+        closed = call_with_time_limit(env.close, config.tool_timeout_s, "dry-run-close")
+    for call in (reset, closed):
+        if call is not None and call.error is not None:
+            raise call.error
     forks = {"clone": "by clone()", "replay": "by replaying the branch's actions into a fresh instance"}
     tag = spec.action_tag
     lines = [
         f"{spec.name}: the policy acts with <{tag}>...</{tag}>, each trajectory in its own copy",
         f"forks copy it {forks[spec.fork_method]}" if spec.can_fork else "forks cannot copy it: branching: none only",
         "first observation of the first training row (it ends the row's prompt):",
-        visible(first) if first else "(empty: nothing is added to the prompt)",
     ]
+    if reset.timed_out:
+        lines.append(
+            f"(none: reset() did not return within {config.tool_timeout_s:g} s (tool_timeout_s); in a run every "
+            "trajectory of such a row ends at its first action, as an environment error)"
+        )
+    else:
+        lines.append(visible(reset.value) if reset.value else "(empty: nothing is added to the prompt)")
     return "\n".join(lines)
 
 

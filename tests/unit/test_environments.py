@@ -111,8 +111,8 @@ def test_an_environment_that_cannot_be_copied_must_run_without_forks(small_confi
 
 
 class Stalls(Walk):
-    """Its constructor (``part: build``) or its ``close`` (``part: close``) waits for ``release``:
-    at most 5 s, so that a check without a time limit goes on and passes."""
+    """Its constructor (``part: build``), ``reset`` (``part: reset``) or ``close`` (``part: close``)
+    waits for ``release``: at most 5 s, so that a check without a time limit goes on and passes."""
 
     release = threading.Event()
 
@@ -121,6 +121,11 @@ class Stalls(Walk):
         self.part = part
         if part == "build":
             self.release.wait(5)
+
+    def reset(self, row):
+        if self.part == "reset":
+            self.release.wait(5)
+        return super().reset(row)
 
     def close(self):
         if self.part == "close":
@@ -152,6 +157,23 @@ def test_the_dry_run_shows_how_the_environment_is_acted_on_copied_and_first_seen
         "first observation of the first training row (it ends the row's prompt):",
         "start 0",
     ]
+
+
+def test_the_dry_run_of_an_environment_whose_reset_hangs_says_so_within_tool_timeout_s(small_config, monkeypatch):
+    """(Broken on purpose: with ``reset`` called directly, as before, the section waited the 5 s and
+    printed the observation.)"""
+    from rllib_arpo.experiment.dry_run import PlannedExperiment, environment_section
+
+    monkeypatch.setattr(Stalls, "release", threading.Event())
+    config = small_config.tool_use(stateful_env={"name": f"{__name__}:Stalls", "part": "reset"}, tool_timeout_s=0.2)
+    try:
+        section = environment_section(PlannedExperiment("stalls", {}, config, 1))
+    finally:
+        Stalls.release.set()
+    assert section.splitlines()[-1] == (
+        "(none: reset() did not return within 0.2 s (tool_timeout_s); in a run every trajectory of such a row ends "
+        "at its first action, as an environment error)"
+    )
 
 
 # --- copies: clone and replay agree, branches are independent -----------------------------
