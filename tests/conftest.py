@@ -219,6 +219,7 @@ class JudgeServer:
 
     def __init__(self) -> None:
         self.answer: Answer = lambda text, seen: ("reply", "yes")
+        self.list_trickle_s = 0.0  # > 0: /v1/models trickles its list for that many seconds
         self.asked: list[str] = []
         self.chats: list[list[dict]] = []
         self.hung_up = threading.Semaphore(0)
@@ -228,9 +229,11 @@ class JudgeServer:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - the http.server name
                 server.authorizations.append(self.headers["Authorization"])
-                self.send_json(
-                    200, {"object": "list", "data": [{"id": server.model, "object": "model", "owned_by": "test"}]}
-                )
+                listing = {"object": "list", "data": [{"id": server.model, "object": "model", "owned_by": "test"}]}
+                if server.list_trickle_s > 0:
+                    self.trickle(server.list_trickle_s, listing)
+                else:
+                    self.send_json(200, listing)
 
             def do_POST(self) -> None:  # noqa: N802
                 server.authorizations.append(self.headers["Authorization"])
@@ -247,16 +250,16 @@ class JudgeServer:
                     SERVER_SLEEP(value)
                     kind, value = "reply", "yes"
                 if kind == "trickle":
-                    self.trickle(value)
+                    self.trickle(value, completion("yes"))
                     return
                 if kind == "status":
                     self.send_json(value, {"error": {"message": "canned", "type": "test"}})
                     return
                 self.send_json(200, completion(value))
 
-            def trickle(self, seconds: float) -> None:
+            def trickle(self, seconds: float, payload: dict) -> None:
                 """A body without a length (it ends when the connection closes): a space every
-                ``TRICKLE_S`` for ``seconds``, then the reply yes; a client that hangs up meanwhile
+                ``TRICKLE_S`` for ``seconds``, then ``payload``; a client that hangs up meanwhile
                 is counted in ``hung_up``."""
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -268,7 +271,7 @@ class JudgeServer:
                         self.wfile.write(b" ")
                         self.wfile.flush()
                         SERVER_SLEEP(TRICKLE_S)
-                    self.wfile.write(json.dumps(completion("yes")).encode())
+                    self.wfile.write(json.dumps(payload).encode())
                 except (BrokenPipeError, ConnectionResetError):
                     server.hung_up.release()
 

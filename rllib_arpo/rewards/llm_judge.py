@@ -213,10 +213,20 @@ def check_llm_judge(
             raise ValueError(f"reward.{key}: expected a whole number >= {least}, got {value!r}")
     if api_key_env is not None and not os.environ.get(str(api_key_env)):
         raise ValueError(f"reward.api_key_env: the environment variable {api_key_env!r} is not set")
-    try:
-        served = [entry.id for entry in _client(url, _api_key(api_key_env)).models.list(timeout=request_timeout_s)]
-    except openai.OpenAIError as error:
-        raise ValueError(f"reward.url: no OpenAI-compatible server answers at {url}: {_root_cause(error)}") from None
+    client = _client(url, _api_key(api_key_env))
+    listing = call_with_time_limit(
+        lambda: [entry.id for entry in client.models.list(timeout=request_timeout_s)],
+        request_timeout_s,
+        "llm_judge check",
+    )  # the client's timeout bounds each read only: a server that trickles bytes would hold the check
+    if listing.timed_out:
+        raise ValueError(f"reward.url: the server at {url} did not list its models in request_timeout_s = "
+                         f"{request_timeout_s:g} s")  # fmt: skip
+    if isinstance(listing.error, openai.OpenAIError):
+        raise ValueError(f"reward.url: no OpenAI-compatible server answers at {url}: {_root_cause(listing.error)}")
+    if listing.error is not None:
+        raise listing.error
+    served = listing.value
     if model not in served:
         raise ValueError(f"reward.model: the server at {url} serves {', '.join(served) or 'no model'}, not {model!r}")
 

@@ -389,6 +389,20 @@ def test_the_config_check_passes_with_the_server_up(server):
     assert check_config({"model_path": "tiny", "reward": reward}).reward == reward
 
 
+def test_a_server_that_trickles_its_model_list_fails_the_config_check_at_request_timeout_s(server):
+    """Each read gets a byte within its time, so only a limit on the whole listing ends it. (Broken
+    on purpose: with the list asked for directly, as before, the check read the 5 s of trickle and
+    passed.)"""
+    server.list_trickle_s = 5.0
+    reward = {"fn": "llm_judge", "url": server.url, "model": MODEL, "request_timeout_s": 0.5}
+    with pytest.raises(ConfigError) as raised:
+        check_config({"model_path": "tiny", "reward": reward})
+    assert (
+        str(raised.value)
+        == f"reward.url: the server at {server.url} did not list its models in request_timeout_s = 0.5 s"
+    )
+
+
 def test_the_config_check_names_the_url_of_a_server_that_does_not_answer():
     url = f"http://127.0.0.1:{free_port()}/v1"
     with pytest.raises(ConfigError) as raised:
