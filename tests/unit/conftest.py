@@ -18,6 +18,19 @@ def _one_thread():
 
 
 @pytest.fixture
+def user_registrations_undone(monkeypatch):
+    """What importing a user's module changes is undone after the test: ``sys.path`` and the tool
+    and dataset-type registries its decorators add to (a tool a test registered is unknown to the
+    tests after it in the worker)."""
+    from rllib_arpo.data.registry import DATASET_LOADERS
+    from rllib_arpo.tools.base import TOOLS
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for registry in (TOOLS, DATASET_LOADERS):
+        monkeypatch.setattr(registry, "_entries", dict(registry._entries))
+
+
+@pytest.fixture
 def non_utf8_parquet():
     """Writes a verl parquet file whose one message holds Latin-1 bytes, in a ``binary`` column or
     (mislabelled) in a ``string`` one: ``non_utf8_parquet(path, "binary" | "string") -> str``."""

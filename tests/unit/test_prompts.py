@@ -14,10 +14,9 @@ from transformers import AutoTokenizer
 
 from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.data.prompts import TIR_SYSTEM_PROMPT, encode_prompt
-from rllib_arpo.data.registry import DATASET_LOADERS, load_dataset
+from rllib_arpo.data.registry import load_dataset
 from rllib_arpo.experiment.file import load_experiments
 from rllib_arpo.models.catalogue import resolve_model_path
-from rllib_arpo.tools.base import TOOLS
 
 QUESTION = "What is 123 * 45 - 6?"
 ARITHMETIC = Path(__file__).resolve().parents[2] / "examples" / "own_task" / "arithmetic.yaml"
@@ -77,16 +76,13 @@ def test_a_loaders_own_plain_prompt_wins_and_messages_without_a_question_are_joi
     assert text(encode_prompt(plain_tokenizer, PromptExample("1 + 2 =", "3", "math", "own"))) == "1 + 2 ="
 
 
-def test_the_own_jsonl_example_asks_the_tiny_policy_in_the_form_it_was_trained_on(monkeypatch):
+def test_the_own_jsonl_example_asks_the_tiny_policy_in_the_form_it_was_trained_on(request, user_registrations_undone):
     """examples/own_task/arithmetic.yaml (docs/tasks.md): a jsonl of the embedded task's arithmetic
     questions with the example's own reward; every question, training and held out, reaches the
     shipped policy as the embedded task's plain prompt, and the two files share no question."""
     # the file imports myext.py, which registers a dataset type and a tool: gone after this test,
     # so that the tests after it in this worker see the built-in registries
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    for registry in (TOOLS, DATASET_LOADERS):
-        monkeypatch.setattr(registry, "_entries", dict(registry._entries))
-    monkeypatch.delitem(sys.modules, "myext", raising=False)
+    request.addfinalizer(lambda: sys.modules.pop("myext", None))
     [experiment] = load_experiments(str(ARITHMETIC)).values()
     config = experiment["config"]
     assert config["model_path"] == "tiny" and config["reward"] == {"fn": "myext:score"}

@@ -27,13 +27,9 @@ class Shout:
 
 
 @pytest.fixture(autouse=True)
-def restore_imports(monkeypatch):
+def restore_imports(monkeypatch, user_registrations_undone):
     """Each test's modules and ``sys.path`` entries are gone after it, and so is the tool they
     register; Ray and Tune must not start."""
-    from rllib_arpo.tools.base import TOOLS
-
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.setattr(TOOLS, "_entries", dict(TOOLS._entries))
     monkeypatch.setattr(ray, "init", lambda *args, **kwargs: pytest.fail("Ray was started"))
     monkeypatch.setattr(tune, "Tuner", lambda *args, **kwargs: pytest.fail("Tune was started"))
     yield
