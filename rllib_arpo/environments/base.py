@@ -27,6 +27,7 @@ instance is reset with the row and given the branch's actions again, which is ri
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from typing import Any, Protocol, runtime_checkable
 from rllib_arpo.core.registry import Registry
 from rllib_arpo.core.time_limit import call_with_time_limit
 from rllib_arpo.core.user_imports import import_function
+from rllib_arpo.environments.isolated import EnvironmentTimeout, IsolatedEnvironment
 
 
 @runtime_checkable
@@ -64,6 +66,8 @@ class EnvironmentSpec:
         action_tag: the tag the policy acts with (read from an instance).
         can_clone: the class has ``clone()``.
         deterministic: the class says replaying its actions gives the same observations, rewards and done.
+        isolate: each instance runs in a process of its own (``environments.isolated``); the
+            config's ``isolate``, by default true for a user's class and false for the built-in ones.
     """
 
     name: str
@@ -72,6 +76,7 @@ class EnvironmentSpec:
     action_tag: str = ""
     can_clone: bool = False
     deterministic: bool = False
+    isolate: bool = False
 
     @property
     def can_fork(self) -> bool:
@@ -83,17 +88,21 @@ class EnvironmentSpec:
         """How a fork copies the environment: ``clone``, ``replay``, or ``none``."""
         return "clone" if self.can_clone else "replay" if self.deterministic else "none"
 
-    def build(self) -> Environment:
-        """A new instance, not yet reset."""
+    def build(self, timeout_s: float | None = None) -> Environment:
+        """A new instance, not yet reset: isolated, a proxy whose process is killed where the
+        constructor does not return within ``timeout_s`` (an ``EnvironmentTimeout``)."""
+        if self.isolate:
+            return IsolatedEnvironment(self.cls, self.options, timeout_s)
         return self.cls(**self.options)
 
 
 def resolve_environment(spec: Any, timeout_s: float) -> EnvironmentSpec | None:
     """The ``EnvironmentSpec`` the config's ``stateful_env`` names (None for none); a ValueError
     names the key at fault: an unknown name, a path that does not import, options its constructor
-    does not take, an instance without the protocol's members, or a constructor (or ``close``)
-    that does not return within ``timeout_s`` (the config's ``tool_timeout_s``; it is left to its
-    thread)."""
+    does not take, an instance without the protocol's members, an isolated clonable instance that
+    does not pickle, or a constructor (or ``close``) that does not return within ``timeout_s``
+    (the config's ``tool_timeout_s``; in process it is left to its thread, isolated its process is
+    killed). The instance is built where a run builds it: in a process of its own where isolated."""
     if spec is None:
         return None
     if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str):
@@ -101,43 +110,74 @@ def resolve_environment(spec: Any, timeout_s: float) -> EnvironmentSpec | None:
             f"stateful_env: expected a mapping with 'name' (a registered environment or module:Class), got {spec!r}"
         )
     name = spec["name"]
-    options = {key: value for key, value in spec.items() if key != "name"}
+    options = {key: value for key, value in spec.items() if key not in ("name", "isolate")}
     cls = import_function(name, "stateful_env.name") if ":" in name else ENVIRONMENTS.get(name)
+    isolate = spec.get("isolate", ":" in name or not cls.__module__.startswith("rllib_arpo."))
+    if not isinstance(isolate, bool):
+        raise ValueError(f"stateful_env: isolate must be true or false, got {isolate!r}")
     try:
         inspect.signature(cls).bind(**options)
     except TypeError as error:
         raise ValueError(f"stateful_env: bad options for {name!r} {options}: {error}") from None
+    unchecked = EnvironmentSpec(name, cls, options, isolate=isolate)
     try:
-        instance = _within(lambda: cls(**options), timeout_s, f"{cls.__qualname__}(...)")
+        instance = _within(lambda: unchecked.build(timeout_s), timeout_s, f"{cls.__qualname__}(...)", isolate)
     except (TypeError, ValueError) as error:
         raise ValueError(f"stateful_env: {name!r} rejects its options: {error}") from None
     except TimeoutError as error:
         raise ValueError(f"stateful_env: {name!r}: {error}") from None
+    try:
+        _check_protocol(name, instance, isolate, timeout_s)
+    except BaseException:
+        if isolate:
+            instance.kill()
+        raise
+    close = getattr(instance, "close", None)
+    if callable(close):
+        try:
+            _within(close, timeout_s, f"{cls.__qualname__}.close()", isolate)
+        except TimeoutError as error:
+            raise ValueError(f"stateful_env: {name!r}: {error}") from None
+    can_clone, deterministic = (
+        callable(getattr(instance, "clone", None)),
+        bool(getattr(instance, "deterministic", False)),
+    )
+    return dataclasses.replace(
+        unchecked, action_tag=instance.action_tag, can_clone=can_clone, deterministic=deterministic
+    )
+
+
+def _check_protocol(name: str, instance: Any, isolate: bool, timeout_s: float) -> None:
+    """A ValueError naming what ``instance`` lacks of the protocol; isolated with ``clone()``, or
+    why it does not pickle (its clones travel pickled to their processes)."""
     missing = [member for member in ("reset", "step") if not callable(getattr(instance, member, None))]
     tag = getattr(instance, "action_tag", None)
     if missing:
         raise ValueError(f"stateful_env: {name!r} has no {' or '.join(missing)}() (rllib_arpo.environments.base)")
     if not isinstance(tag, str) or not tag.isidentifier():
         raise ValueError(f"stateful_env: {name!r} needs an action_tag that is a name, like 'move', got {tag!r}")
-    close = getattr(instance, "close", None)
-    if callable(close):
+    if isolate and callable(getattr(instance, "clone", None)):
         try:
-            _within(close, timeout_s, f"{cls.__qualname__}.close()")
-        except TimeoutError as error:
-            raise ValueError(f"stateful_env: {name!r}: {error}") from None
-    return EnvironmentSpec(
-        name,
-        cls,
-        options,
-        tag,
-        can_clone=callable(getattr(instance, "clone", None)),
-        deterministic=bool(getattr(instance, "deterministic", False)),
-    )
+            error = instance.pickling_error()
+        except TimeoutError:
+            error = f"pickle.dumps did not return within {timeout_s:g} s"
+        if error is not None:
+            raise ValueError(
+                f"stateful_env: {name!r} is isolated, so its clone() copies must pickle (each goes to a process "
+                f"of its own), but pickle.dumps of an instance fails: {error}; make the class picklable, or set "
+                "isolate: false"
+            )
 
 
-def _within(function: Callable[[], Any], timeout_s: float, what: str) -> Any:
+def _within(function: Callable[[], Any], timeout_s: float, what: str, isolated: bool = False) -> Any:
     """``function()``'s value or exception, or a TimeoutError saying that ``what`` did not return
-    within ``timeout_s`` (the call is left to its daemon thread)."""
+    within ``timeout_s``: in process the call is left to its daemon thread; ``isolated``, the call
+    is one of an ``IsolatedEnvironment`` given ``timeout_s``, whose process it kills at the limit."""
+    if isolated:
+        try:
+            return function()
+        except EnvironmentTimeout:
+            raise TimeoutError(f"{what} did not return within {timeout_s:g} s (tool_timeout_s)") from None
     timed = call_with_time_limit(function, timeout_s, "environment-check")
     if timed.timed_out:
         raise TimeoutError(f"{what} did not return within {timeout_s:g} s (tool_timeout_s)")

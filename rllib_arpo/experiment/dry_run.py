@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rllib_arpo.core.time_limit import call_with_time_limit
+from rllib_arpo.core.time_limit import TimedCall, call_with_time_limit
 from rllib_arpo.hardware import dtype_choice
 
 PROMPTS_SHOWN = 2
@@ -281,16 +281,21 @@ def environment_section(planned: PlannedExperiment) -> str:
     here, not a dry run that never ends."""
     from rllib_arpo.data.registry import load_dataset
     from rllib_arpo.environments import resolve_environment
+    from rllib_arpo.environments.isolated import EnvironmentTimeout, kill_isolated
 
     config = planned.config
     spec = resolve_environment(config.stateful_env, config.tool_timeout_s)
     if spec is None:
         return "none (stateful_env: null): the tools answer each call afresh"
     row = load_dataset(config.dataset)[0].row()
-    env = spec.build()
+    env = spec.build(config.tool_timeout_s)
     reset = call_with_time_limit(lambda: env.reset(row), config.tool_timeout_s, "dry-run-reset")
-    closed = None  # an instance still resetting is left to its thread unclosed, as in a run
-    if not reset.timed_out and callable(getattr(env, "close", None)):
+    if isinstance(reset.error, EnvironmentTimeout):  # an isolated instance's own limit came first
+        reset = TimedCall(timed_out=True)
+    closed = None  # an instance still resetting is left to its thread unclosed, as in a run (isolated: killed)
+    if reset.timed_out:
+        kill_isolated(env)
+    elif callable(getattr(env, "close", None)):
         closed = call_with_time_limit(env.close, config.tool_timeout_s, "dry-run-close")
     for call in (reset, closed):
         if call is not None and call.error is not None:
@@ -299,6 +304,9 @@ def environment_section(planned: PlannedExperiment) -> str:
     tag = spec.action_tag
     lines = [
         f"{spec.name}: the policy acts with <{tag}>...</{tag}>, each trajectory in its own copy",
+        "each copy in a process of its own (isolate: true)"
+        if spec.isolate
+        else "in the EnvRunner's process (isolate: false)",
         f"forks copy it {forks[spec.fork_method]}" if spec.can_fork else "forks cannot copy it: branching: none only",
         "first observation of the first training row (it ends the row's prompt):",
     ]

@@ -21,7 +21,8 @@ is partial, so whatever the reward it is scored with the reward's ``fallback`` a
 environment fail gets the configured fallback, not the return gathered before it.
 
 An instance whose call timed out is abandoned to the daemon thread that still runs that call: it
-is never closed (its ``close`` would race with the call), only dropped, and counted (``abandoned``).
+is never closed (its ``close`` would race with the call), only dropped, and counted (``abandoned``);
+an isolated one (``environments.isolated``) has its process killed at once instead (``killed``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import Any
 from rllib_arpo.core.time_limit import call_with_time_limit
 from rllib_arpo.core.tree import RolloutTree
 from rllib_arpo.environments.base import Environment, EnvironmentSpec, resolve_environment
+from rllib_arpo.environments.isolated import START_TIMEOUT_S, EnvironmentTimeout, kill_isolated
 from rllib_arpo.rewards.scores import RewardBreakdown
 from rllib_arpo.tools.base import MAX_ERROR_CHARS
 
@@ -147,7 +149,8 @@ class EnvironmentStats:
     resets, copies and steps, each ending its trajectory; ``replay_mismatches``: replays whose
     observation, reward or ``done`` differed from the original's; ``done``: episodes the environment ended;
     ``abandoned``: instances dropped unclosed, since a call of theirs (a reset, a step, or a
-    clone of them) timed out and may still run; ``step_rewards``: every step's reward."""
+    clone of them) timed out and may still run; ``killed``: isolated instances whose process was
+    killed for that; ``step_rewards``: every step's reward."""
 
     forks: int = 0
     clones: int = 0
@@ -162,6 +165,7 @@ class EnvironmentStats:
     replay_mismatches: int = 0
     done: int = 0
     abandoned: int = 0
+    killed: int = 0
     step_rewards: list[float] = field(default_factory=list)
 
     def metrics(self) -> dict[str, float]:
@@ -288,7 +292,7 @@ class Episodes:
         return env
 
     def _reset(self, row: Mapping[str, Any]) -> tuple[Environment, str]:
-        env = self._timed(self.spec.build, "build")
+        env = self._timed(lambda: self.spec.build(self.timeout_s), "build")
         with self._lock:
             self._opened.append(env)
         observation = self._timed(lambda: env.reset(dict(row)), "reset", env)
@@ -327,11 +331,14 @@ class Episodes:
         return observation, float(reward), done
 
     def _timed(self, function: Callable[[], Any], what: str, env: Environment | None = None) -> Any:
-        """``function()`` within ``timeout_s``; an ``EnvironmentFailure`` where it raises or hangs
-        (where it hangs, ``env``, the instance it calls, is never closed: module docstring)."""
-        timed = call_with_time_limit(function, self.timeout_s, f"environment-{what}")
-        if timed.timed_out:
-            if env is not None:
+        """``function()`` within ``timeout_s`` (isolated: the proxy's own limit, this one a backstop); an
+        ``EnvironmentFailure`` where it raises or hangs (``env`` is then never closed, or killed: module docstring)."""
+        limit_s = 2 * self.timeout_s + START_TIMEOUT_S if self.spec.isolate else self.timeout_s
+        timed = call_with_time_limit(function, limit_s, f"environment-{what}")
+        if timed.timed_out or isinstance(timed.error, EnvironmentTimeout):
+            if kill_isolated(env):
+                self._count(killed=1)
+            elif env is not None:
                 with self._lock:
                     self._timed_out.add(id(env))
             raise EnvironmentFailure(f"{what} timed out after {self.timeout_s:g} s", timed_out=True)

@@ -157,7 +157,9 @@ def test_each_turns_prompt_ids_are_a_prefix_of_the_next_turns(tokenizer):
 
     example = load_dataset({"type": "tir_task", "seed": 0, "split": "test"})[0]
     engine = RecordingEngine(tokenizer)
-    episodes = Episodes(resolve_environment({"name": f"{__name__}:Counter"}, 5.0), max_workers=1, timeout_s=5.0)
+    episodes = Episodes(
+        resolve_environment({"name": f"{__name__}:Counter", "isolate": False}, 5.0), max_workers=1, timeout_s=5.0
+    )
     settings = RolloutSettings(total_rollouts=1, initial_rollouts=1, max_response_tokens=400)
     rollout = TreeRollout(engine, ToolExecutor({}), NoBranching(), settings, episodes)
     [tree], _ = rollout.run([encode_prompt(tokenizer, example)], seed=0, rows=[example.row()])
