@@ -15,8 +15,9 @@ it must be importable there.
   the environment's time: it has ``START_TIMEOUT_S`` of its own, and ``timeout_s`` starts with the
   constructor (or the copy's unpickling).
 - A child that dies (``os._exit``, a segfault) makes the call raise ``EnvironmentProcessDied``.
-- An exception raised in the child comes back with its type's name and its message: as the
-  built-in exception of that name where there is one, else as a ``RuntimeError`` subclass so named.
+- An exception raised in the child comes back with its type's name and its message, as a class of
+  that name deriving from the built-in exception so named where there is one (a TypeError is still
+  caught as one), else from ``RuntimeError`` (``remote_error``).
 """
 
 from __future__ import annotations
