@@ -11,7 +11,7 @@ import argparse
 import re
 from pathlib import Path
 
-from rllib_arpo.config.fields import config_reference
+from rllib_arpo.config.reference import config_reference
 
 REFERENCE_PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 BLOCK = re.compile(r"(<!-- BEGIN CONFIG REFERENCE[^>]*-->\n)(.*?)(<!-- END CONFIG REFERENCE -->)", re.DOTALL)

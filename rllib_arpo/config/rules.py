@@ -1,8 +1,8 @@
 """The one validation of an ARPO config, and the rules between its field groups.
 
 ``validate_config`` is what ``ARPOConfig.validate`` runs (and, through it, the experiment file's
-check): the RLlib fields ARPO reads (``config_fields.RLLIB_FIELDS``), every field group of
-``config_fields.CONFIG_GROUPS`` (each checks its own fields in ``__post_init__``, the rules between
+check): the RLlib fields ARPO reads (``rllib_fields.RLLIB_FIELDS``), every field group of
+``fields.CONFIG_GROUPS`` (each checks its own fields in ``__post_init__``, the rules between
 them included), the model path, then ``CONFIG_RULES`` in order. The rules here concern two groups,
 or hold for RL training only (the groups are also built for evaluation, which may sample greedily),
 or ask the world what a group cannot ask each time it is built (a reward's server answers);
@@ -17,7 +17,8 @@ from typing import Any
 
 from torch.nn import Linear
 
-from rllib_arpo.config.fields import CONFIG_GROUPS, check_rllib_fields
+from rllib_arpo.config.fields import CONFIG_GROUPS
+from rllib_arpo.config.rllib_fields import check_rllib_fields
 from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS
 from rllib_arpo.core.settings import from_config
 from rllib_arpo.environments import resolve_environment

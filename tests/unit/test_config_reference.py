@@ -1,7 +1,7 @@
 import re
 from pathlib import Path
 
-from rllib_arpo.config.fields import config_reference
+from rllib_arpo.config.reference import config_reference
 
 REFERENCE_PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 

@@ -14,7 +14,7 @@ from ray.rllib.utils.numpy import convert_to_numpy
 from ray.rllib.utils.torch_utils import convert_to_torch_tensor
 
 from rllib_arpo import cli
-from rllib_arpo.config.fields import LearnerSettings
+from rllib_arpo.config.learner_fields import LearnerSettings
 from rllib_arpo.learner.memory import ModelShape, estimate_learner_memory
 from rllib_arpo.models.optimizers import (
     MIN_8BIT_SIZE,
