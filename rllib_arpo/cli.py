@@ -37,7 +37,8 @@ from typing import Any
 
 from rllib_arpo.core.user_imports import UserImports, import_user_modules
 from rllib_arpo.data.tir_task import TASK_VARIANTS
-from rllib_arpo.experiment.file import ConfigError, grid_size, is_search_space, load_experiments
+from rllib_arpo.experiment.checks import ConfigError
+from rllib_arpo.experiment.file import grid_size, is_search_space, load_experiments
 from rllib_arpo.gpu_check import PIECES as GPU_CHECK_PIECES
 from rllib_arpo.models.optimizers import OPTIMIZER_STATES
 
@@ -81,8 +82,9 @@ def _scheduler(spec: dict | None, name: str):
 
 def dry_run(path: str, stop: dict | None = None, config: dict | None = None, imports: list[str] | None = None) -> int:
     """Check the file and print every experiment's dry-run report (``dry_run``); start nothing."""
+    from rllib_arpo.experiment.checks import check_config
     from rllib_arpo.experiment.dry_run import PlannedExperiment, dry_run_report
-    from rllib_arpo.experiment.file import check_config, trial_configs
+    from rllib_arpo.experiment.file import trial_configs
 
     command_line_imports(imports)
     for name, experiment in load_experiments(path, stop, config).items():
@@ -221,7 +223,8 @@ def evaluate(args: argparse.Namespace) -> int:
     benchmarks, all checked before any model is built or loaded (``check_config``, then
     ``eval.benchmark.load_benchmarks``), then ``eval.benchmark.evaluate_benchmarks``."""
     from rllib_arpo.eval import benchmark
-    from rllib_arpo.experiment.file import check_config, resolve_paths, trial_configs
+    from rllib_arpo.experiment.checks import check_config
+    from rllib_arpo.experiment.file import resolve_paths, trial_configs
 
     output = Path(args.output)
     try:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rllib_arpo.experiment.file import RESULT_GROUPS, RESULT_VALUES, ConfigError, load_experiments
+from rllib_arpo.experiment.checks import RESULT_GROUPS, RESULT_VALUES, ConfigError
+from rllib_arpo.experiment.file import load_experiments
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,7 +39,7 @@ def test_rllib_train_file_tiny_yaml_writes_tensorboard_and_metrics(tiny_policy_c
     # the HF engine samples with the learner's own float32 forward: they agree on every token
     assert last["learners"]["default_policy"]["logprob_mismatch_max_abs"] < 1e-4
     assert last["weights_version"] == 2 and "weight_sync_s" in last
-    # every number and group of a result can be named by a stop key (experiment/file.py: check_stop)
+    # every number and group of a result can be named by a stop key (experiment/checks.py: check_stop)
     numbers = {key for key, value in last.items() if isinstance(value, int | float) and not isinstance(value, bool)}
     assert numbers - {"pid"} <= set(RESULT_VALUES)
     assert {key for key, value in last.items() if isinstance(value, dict)} - {"config"} <= set(RESULT_GROUPS)

@@ -8,7 +8,8 @@ import ray
 from ray import tune
 
 from rllib_arpo.cli import main
-from rllib_arpo.experiment.file import ConfigError, load_experiments, resolve_paths, trial_configs
+from rllib_arpo.experiment.checks import ConfigError
+from rllib_arpo.experiment.file import load_experiments, resolve_paths, trial_configs
 
 TINY = "x:\n  run: ARPO\n  config:\n    model_path: tiny\n"
 
@@ -258,7 +259,7 @@ def test_relative_paths_resolve_against_the_file_then_the_launch_directory(tmp_p
 def test_the_file_and_the_python_api_run_the_same_rules(monkeypatch):
     from rllib_arpo.algorithm import ARPOConfig
     from rllib_arpo.config import rules as config_rules
-    from rllib_arpo.experiment.file import check_config
+    from rllib_arpo.experiment.checks import check_config
 
     def tau_at_most_a_half(config):
         if config.tau > 0.5:
@@ -276,7 +277,7 @@ def test_the_default_held_out_set_is_the_split_the_dataset_type_declares(monkeyp
     import dataclasses
 
     from rllib_arpo.eval import evaluate
-    from rllib_arpo.experiment.file import check_config
+    from rllib_arpo.experiment.checks import check_config
 
     loaders = evaluate.DATASET_LOADERS
     tir_task = loaders.get("tir_task")

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from rllib_arpo.experiment.file import ConfigError, check_config
+from rllib_arpo.experiment.checks import ConfigError, check_config
 from rllib_arpo.rewards import llm_judge
 from rllib_arpo.rewards.settings import RewardSettings
 

@@ -9,7 +9,7 @@ import reasoning_gym
 
 from rllib_arpo.data.prompts import TIR_SYSTEM_PROMPT, encode_prompt, tir_messages
 from rllib_arpo.data.registry import DATASET_LOADERS, load_dataset
-from rllib_arpo.experiment.file import ConfigError, check_config
+from rllib_arpo.experiment.checks import ConfigError, check_config
 from rllib_arpo.rewards.settings import RewardSettings
 
 SMALL_TASK = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}

@@ -14,7 +14,7 @@ from rllib_arpo.core.tree import RolloutTree
 from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.data.loaders.jsonl import load_jsonl
 from rllib_arpo.data.loaders.parquet import load_parquet
-from rllib_arpo.experiment.file import ConfigError, check_config
+from rllib_arpo.experiment.checks import ConfigError, check_config
 from rllib_arpo.rewards.hierarchical import hierarchical_reward
 from rllib_arpo.rewards.registry import REWARDS
 from rllib_arpo.rewards.settings import RewardSettings

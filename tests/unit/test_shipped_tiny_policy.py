@@ -13,7 +13,8 @@ from rllib_arpo.core.settings import from_config
 from rllib_arpo.data.dataset_tools import tools_for_dataset
 from rllib_arpo.data.prompts import encode_prompt
 from rllib_arpo.data.registry import load_dataset
-from rllib_arpo.experiment.file import check_config, load_experiments
+from rllib_arpo.experiment.checks import check_config
+from rllib_arpo.experiment.file import load_experiments
 from rllib_arpo.models.cache import holds_saved_model
 from rllib_arpo.models.catalogue import SHIPPED_TINY_POLICY, resolve_model_path
 from rllib_arpo.rewards.settings import RewardSettings

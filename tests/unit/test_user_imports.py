@@ -13,7 +13,8 @@ from ray import cloudpickle, tune
 
 from rllib_arpo.cli import main, train_file
 from rllib_arpo.core.user_imports import UserImports, UserModule, import_user_modules
-from rllib_arpo.experiment.file import ConfigError, load_experiments
+from rllib_arpo.experiment.checks import ConfigError
+from rllib_arpo.experiment.file import load_experiments
 
 MYEXT = """
 from rllib_arpo.tools.base import TOOLS

