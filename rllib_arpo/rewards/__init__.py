@@ -2,7 +2,8 @@
 built-in entry, one module each.
 
 - ``registry``: ``REWARDS``, how a reward is named (``reward.fn``: an entry's name or
-  ``module:attribute``), called and checked, and what a failed call scores (``resolve_reward``);
+  ``module:attribute``), called and checked (``resolve_reward``);
+- ``outcomes``: what a call comes to (``RewardValue``) and what a failed call scores;
 - ``settings``: ``RewardSettings``, the rewards group's fields (the reward, resolved once, and the
   knobs of the hierarchical reward and of the overlong shaping);
 - ``scores``: ``RewardBreakdown`` (one response's reward, format check, S and answer), ``accuracy``
@@ -10,7 +11,8 @@ built-in entry, one module each.
 - ``overlong``: DAPO's overlong shaping, added to any reward;
 - the entries: ``hierarchical`` (ARPO's, the default; with ``format_gated``, its format rule for
   the rewards that score an answer their own way), ``environment`` (an environment's return),
-  ``llm_judge`` (a chat model behind an OpenAI-compatible server), ``reasoning_gym`` and
+  ``llm_judge`` (a chat model behind an OpenAI-compatible server; its messages and verdicts in
+  ``judge_prompt``, its requests in ``judge_client``), ``reasoning_gym`` and
   ``verifiers`` (the scorers of those dataset types, whose loaders stay in ``data.loaders``).
 
 The pure scoring it builds on is in ``core``: ``core.answers`` (the final answer),

@@ -40,13 +40,8 @@ entry registered with a ``check`` has its options checked by it when the config 
 the driver (``config_rules``): what only the world can say, such as whether a judge's server
 answers, is asked once there rather than in every EnvRunner.
 
-A reward that fails at run time (it raises, returns NaN or inf, something that is not a number, a
-mapping without ``"reward"``, or a batched list of another length, or its call has no result
-``timeout_s`` seconds after it started) scores the trajectory with ``fallback`` and S = 0; the
-failure travels with the score (``RewardValue.error``) for the EnvRunner to count, and the run goes
-on. The calls of a batch run on up to ``workers`` threads at once, in their order, each with its
-time limit (``rollout.scoring``; a call that hangs is left behind on its thread): a reward that
-waits on a server or a test runner can be scored several calls at a time.
+A reward that fails at run time scores the trajectory with ``fallback`` and S = 0, and the run goes
+on (``rewards.outcomes``).
 """
 
 from __future__ import annotations
@@ -62,6 +57,7 @@ from typing import Any
 
 from rllib_arpo.core.registry import Registry
 from rllib_arpo.core.user_imports import import_function
+from rllib_arpo.rewards.outcomes import Outcome, RewardValue, failure, reward_value, run_call
 
 CALL_KEYWORDS = ("response", "row", "tool_calls")
 BATCHED_CALL_KEYWORDS = ("responses", "row", "tool_calls")
@@ -71,17 +67,6 @@ SPEC_KEYS = ("fn", "batched", "fallback", "timeout_s", "workers")
 DEFAULT_TIMEOUT_S = 600.0
 """``reward.timeout_s`` by default: more than any honest reward call takes (an LLM judge's batched
 call with its retries included), less than the hours a hung one would stall a run."""
-
-Outcome = tuple[Any, BaseException | None]
-"""What one call of the function came to: ``(returned, None)`` or ``(None, the exception)``; a call
-without a result in time is ``(None, RewardTimeout(...))``."""
-
-
-class RewardTimeout(TimeoutError):
-    """A reward call had no result ``timeout_s`` seconds after it started."""
-
-    def __init__(self, timeout_s: float):
-        super().__init__(f"had no result {timeout_s:g} s after its call started (reward.timeout_s)")
 
 
 @dataclass(frozen=True)
@@ -111,23 +96,6 @@ REWARDS = RewardRegistry("reward")
 
 
 @dataclass(frozen=True)
-class RewardValue:
-    """What the reward gave one trajectory.
-
-    Attributes:
-        reward: what RL trains on (``fallback`` where the reward failed).
-        correct: S, for the accuracy metrics and dynamic sampling (0 where the reward failed).
-        components: the other named values the reward returned.
-        error: why the reward failed, on one line; None where it did not.
-    """
-
-    reward: float
-    correct: float
-    components: Mapping[str, float] = field(default_factory=dict)
-    error: str | None = None
-
-
-@dataclass(frozen=True)
 class RewardFunction:
     """The configured reward (``resolve_reward``): the function, how it is called and its fallback.
 
@@ -137,7 +105,7 @@ class RewardFunction:
         batched: one call per prompt group instead of one per trajectory.
         fallback: the reward of a trajectory whose reward failed.
         timeout_s: the time limit of one call, after which its trajectories score ``fallback``.
-        workers: calls of a batch run at once (module docstring).
+        workers: calls of a batch run at once (``rewards.outcomes``).
         options: the keyword arguments of every call, from the config.
         takes_settings: also called with ``settings`` and ``tool_tags`` (``RewardEntry``).
         check: the entry's check of the options (``RewardEntry``), None where it has none.
@@ -227,7 +195,7 @@ class RewardFunction:
             return [self._value(outcome) for outcome in outcomes]
         ((returned, error),) = outcomes
         if error is not None:
-            return [self._failed(_failure(error))] * count
+            return [self._failed(failure(error))] * count
         if isinstance(returned, (str, bytes)) or not isinstance(returned, Sequence) or len(returned) != count:
             return [self._failed(f"returned {reprlib.repr(returned)} for {count} responses")] * count
         return [self._value((value, value if isinstance(value, Exception) else None)) for value in returned]
@@ -254,9 +222,9 @@ class RewardFunction:
         """The ``RewardValue`` of what one call returned, or the fallback and why it failed."""
         returned, error = outcome
         if error is not None:
-            return self._failed(_failure(error))
+            return self._failed(failure(error))
         try:
-            return _reward_value(returned)
+            return reward_value(returned)
         except ValueError as problem:
             return self._failed(f"returned {reprlib.repr(returned)}: {problem}")
 
@@ -264,53 +232,10 @@ class RewardFunction:
         return RewardValue(self.fallback, 0.0, {}, f"reward {self.name!r} {why}")
 
 
-def run_call(call: Callable[[], Any]) -> Outcome:
-    """The ``Outcome`` of ``call()`` made here."""
-    try:
-        return call(), None
-    except Exception as error:
-        return None, error
-
-
-def _failure(error: BaseException) -> str:
-    """Why a call failed, for ``RewardValue.error``."""
-    return str(error) if isinstance(error, RewardTimeout) else f"raised {_one_line(error)}"
-
-
-def _reward_value(returned: Any) -> RewardValue:
-    """A number, or a mapping of numbers holding ``"reward"``, as a ``RewardValue``; a ValueError
-    says what else it is."""
-    if not isinstance(returned, Mapping):
-        reward = _finite(returned)
-        return RewardValue(reward, reward)
-    if "reward" not in returned:
-        raise ValueError("no 'reward'")
-    values = {str(name): _finite(value, f"{name!r} ") for name, value in returned.items()}
-    reward = values.pop("reward")
-    return RewardValue(reward, values.pop("correct", reward), values)
-
-
-def _finite(value: Any, which: str = "") -> float:
-    """``value`` as a finite float: a real number, or a 0-d array or tensor holding one (numpy's
-    scalars, ``np.bool_`` among them, which ``np.isclose(a, b)`` and ``==`` on numpy values return,
-    and torch's 0-d tensors: no ``numbers.Real``, they would otherwise score the fallback)."""
-    if not isinstance(value, numbers.Real) and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
-        value = value.item()
-    if not isinstance(value, numbers.Real):
-        raise ValueError(f"{which}not a number")
-    if not math.isfinite(value):
-        raise ValueError(f"{which}not finite")
-    return float(value)
-
-
 def _unannotated(signature: inspect.Signature) -> inspect.Signature:
     """``signature`` without its annotations: the names and defaults a call must fit."""
     parameters = [parameter.replace(annotation=inspect.Parameter.empty) for parameter in signature.parameters.values()]
     return signature.replace(parameters=parameters, return_annotation=inspect.Signature.empty)
-
-
-def _one_line(error: BaseException) -> str:
-    return " ".join(f"{type(error).__name__}: {error}".split())
 
 
 def resolve_reward(spec: Any) -> RewardFunction:

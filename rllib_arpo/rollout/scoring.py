@@ -19,8 +19,8 @@ from rllib_arpo.core.time_limit import TimedCall, calls_with_time_limit
 from rllib_arpo.core.tir_format import validate_format
 from rllib_arpo.core.tree import RolloutTree
 from rllib_arpo.data.examples import PromptExample
+from rllib_arpo.rewards.outcomes import Outcome, RewardTimeout, RewardValue
 from rllib_arpo.rewards.overlong import overlong_penalty
-from rllib_arpo.rewards.registry import Outcome, RewardTimeout, RewardValue
 from rllib_arpo.rewards.scores import RewardBreakdown, accuracy
 from rllib_arpo.rewards.settings import RewardSettings
 from rllib_arpo.rollout.episodes import fall_back_on_environment_errors

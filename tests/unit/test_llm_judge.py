@@ -16,7 +16,7 @@ import time
 import pytest
 
 from rllib_arpo.experiment.checks import ConfigError, check_config
-from rllib_arpo.rewards import llm_judge
+from rllib_arpo.rewards import judge_client, judge_prompt
 from rllib_arpo.rewards.settings import RewardSettings
 
 MODEL = "judge-model"  # what JudgeServer serves
@@ -32,7 +32,7 @@ ROW = {
 
 @pytest.fixture
 def server(judge_server, monkeypatch):
-    monkeypatch.setattr(llm_judge, "RETRY_PAUSE_S", 0.01)
+    monkeypatch.setattr(judge_client, "RETRY_PAUSE_S", 0.01)
     return judge_server
 
 
@@ -66,7 +66,7 @@ def answer(text: str) -> str:
 def default_request(proposed: str) -> list[dict]:
     """The messages the default prompt sends about ``ROW`` and a proposed answer, fenced as given."""
     return [
-        {"role": "system", "content": f"{llm_judge.DEFAULT_INSTRUCTIONS} {llm_judge.FENCE_NOTE}"},
+        {"role": "system", "content": f"{judge_prompt.DEFAULT_INSTRUCTIONS} {judge_prompt.FENCE_NOTE}"},
         {
             "role": "user",
             "content": "Question: <question>What is 6 x 7?</question>\nReference answer: "
@@ -115,13 +115,13 @@ def test_every_process_that_resolves_a_reward_can_name_the_judge():
 )
 def test_a_bad_template_is_one_line_naming_reward_prompt(prompt, message):
     with pytest.raises(ValueError) as raised:
-        llm_judge.check_template(prompt)
+        judge_prompt.check_template(prompt)
     assert str(raised.value) == message
 
 
 def test_a_template_may_show_any_column_and_literal_braces():
-    llm_judge.check_template("{{json}} {row[difficulty]} {response!r:.20} {answer} {question} {ground_truth}")
-    llm_judge.check_template(llm_judge.DEFAULT_PROMPT)
+    judge_prompt.check_template("{{json}} {row[difficulty]} {response!r:.20} {answer} {question} {ground_truth}")
+    judge_prompt.check_template(judge_prompt.DEFAULT_PROMPT)
 
 
 @pytest.mark.parametrize(
@@ -137,7 +137,7 @@ def test_a_template_may_show_any_column_and_literal_braces():
     ],
 )
 def test_the_built_in_verdicts_read_the_judges_text(verdict, text, value):
-    assert llm_judge.verdict_parser(verdict)(text) == value
+    assert judge_prompt.verdict_parser(verdict)(text) == value
 
 
 @pytest.mark.parametrize(
@@ -154,7 +154,7 @@ def test_the_built_in_verdicts_read_the_judges_text(verdict, text, value):
 )
 def test_an_unreadable_verdict_raises(verdict, text, message):
     with pytest.raises(ValueError) as raised:
-        llm_judge.verdict_parser(verdict)(text)
+        judge_prompt.verdict_parser(verdict)(text)
     assert str(raised.value) == message
 
 
@@ -173,7 +173,7 @@ def test_a_batched_group_is_judged_one_request_per_response(server):
         f"Q: {fenced}<proposed_answer></proposed_answer>{level}",  # no <answer>: an empty answer
     ]
     # a template of one's own carries its instructions: the system message only says what the tags are
-    assert [chat[0] for chat in server.chats] == [{"role": "system", "content": llm_judge.FENCE_NOTE}] * 3
+    assert [chat[0] for chat in server.chats] == [{"role": "system", "content": judge_prompt.FENCE_NOTE}] * 3
 
 
 def test_the_unbatched_form_judges_each_response_and_shows_the_whole_response(server):
@@ -274,9 +274,9 @@ def test_a_tag_hidden_in_a_tag_is_stripped_too_and_every_placeholder_is_fenced(s
 
 def test_an_inserted_text_is_cut_to_max_inserted_chars_with_a_marker(server):
     """(Broken on purpose: the whole response inserted.)"""
-    response = "x" * (llm_judge.MAX_INSERTED_CHARS + 5)
+    response = "x" * (judge_prompt.MAX_INSERTED_CHARS + 5)
     judged(server.url, [response], prompt="{response}")
-    assert server.asked == [f"<response>{'x' * llm_judge.MAX_INSERTED_CHARS}[... 5 more characters cut]</response>"]
+    assert server.asked == [f"<response>{'x' * judge_prompt.MAX_INSERTED_CHARS}[... 5 more characters cut]</response>"]
 
 
 # --- retries and timeouts -----------------------------------------------------------------------
@@ -338,7 +338,7 @@ def test_a_server_that_trickles_its_answer_is_cut_at_request_timeout_s(server, p
 
 def test_a_body_over_max_body_bytes_is_an_error_and_not_retried(server):
     """(Broken on purpose: the body read whole, as before, and its first word yes scored 1.0.)"""
-    server.answer = lambda text, seen: ("reply", "yes" + " " * llm_judge.MAX_BODY_BYTES)
+    server.answer = lambda text, seen: ("reply", "yes" + " " * judge_client.MAX_BODY_BYTES)
     [value] = judged(server.url, [answer("42")], retries=2)
     assert (value.reward, value.error, len(server.asked)) == (
         -0.5,
@@ -372,7 +372,7 @@ def test_the_retry_pause_doubles_up_to_max_retry_pause_s(pauses):
     """(Broken on purpose: the uncapped doubling, ending 16 s and 32 s.)"""
     [value] = judged(f"http://127.0.0.1:{free_port()}/v1", [answer("42")], retries=7)
     assert value.error == "reward 'llm_judge' raised APIConnectionError: Connection error."
-    assert (llm_judge.RETRY_PAUSE_S, llm_judge.MAX_RETRY_PAUSE_S) == (0.5, 8.0)
+    assert (judge_client.RETRY_PAUSE_S, judge_client.MAX_RETRY_PAUSE_S) == (0.5, 8.0)
     assert pauses == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
 
 
@@ -380,7 +380,7 @@ def test_a_server_that_is_gone_fails_at_once_after_the_retry_pauses(pauses):
     [value] = judged(f"http://127.0.0.1:{free_port()}/v1", [answer("42")], retries=2)
     assert (value.reward, value.error) == (-0.5, "reward 'llm_judge' raised APIConnectionError: Connection error.")
     # refused at once: the only waits are the two retries' pauses, doubling from RETRY_PAUSE_S
-    assert pauses == [llm_judge.RETRY_PAUSE_S, 2 * llm_judge.RETRY_PAUSE_S]
+    assert pauses == [judge_client.RETRY_PAUSE_S, 2 * judge_client.RETRY_PAUSE_S]
 
 
 # --- the config check ---------------------------------------------------------------------------

