@@ -24,23 +24,19 @@ FUNCTION_LINES = 60
 OVER_THE_LIMIT: set[str] = {
     "rllib_arpo/algorithm.py",  # 625
     "rllib_arpo/algorithm.py:ARPO",  # 369
-    "rllib_arpo/cli.py",  # 500
+    "rllib_arpo/cli.py",  # 503
     "rllib_arpo/cli.py:build_parser",  # 91
     "rllib_arpo/cli.py:cold_start",  # 63
     "rllib_arpo/cli.py:train_file",  # 83
     "rllib_arpo/cold_start/sft.py",  # 508
     "rllib_arpo/cold_start/sft.py:warm_start",  # 69
-    "rllib_arpo/config/fields.py",  # 472
     "rllib_arpo/core/advantages.py",  # 385
     "rllib_arpo/core/branching.py",  # 387
     "rllib_arpo/core/losses.py",  # 508
     "rllib_arpo/core/losses.py:compute_policy_loss",  # 64
     "rllib_arpo/data/tir_task.py",  # 544
-    "rllib_arpo/experiment/file.py",  # 386
     "rllib_arpo/gpu_check.py",  # 890
     "rllib_arpo/learner/torch_learner.py",  # 383
-    "rllib_arpo/rewards/llm_judge.py",  # 436
-    "rllib_arpo/rewards/registry.py",  # 353
     "rllib_arpo/rollout/hf_engine.py",  # 354
     "rllib_arpo/rollout/tree_rollout.py",  # 397
     "rllib_arpo/tools/python_sandbox.py",  # 414
