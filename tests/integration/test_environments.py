@@ -1,7 +1,8 @@
 """An environment with state through the whole algorithm: a remote EnvRunner builds it from the
 config (here the Python session, in place of the stateless python tool, on the embedded task whose
 arithmetic questions the tiny policy answers with <python>), each trajectory acts in its own
-copy, its counters reach the results, and the held-out evaluation runs in it too (what a fork
+copy, its counters reach the results, and the held-out evaluation runs in it too; a user's class runs
+isolated there, each instance in a process of its own (what a fork
 copies, and gymnasium's environments: tests/unit)."""
 
 
@@ -29,3 +30,22 @@ def test_a_python_session_trains_and_evaluates_on_a_remote_runner(ray_session, s
     assert runners["branches"] >= 1 and runners["env/forks"] <= runners["env/clones"]
     assert runners["tool_calls_per_trajectory/python"] > 0  # the session's cells, counted like tool calls
     assert "tool_calls_per_question/python" in result["evaluation_before_training"]
+
+
+def test_a_users_environment_runs_isolated_in_a_remote_runner(ray_session, small_config):
+    # module:Class is a user's class: isolated by default, each instance in a process of its own
+    # started from the EnvRunner (a Ray worker) by the forkserver
+    config = (
+        small_config.env_runners(num_env_runners=1)
+        .tool_use(stateful_env={"name": "tests.integration.notebook_environment:Notebook"})
+        .rollouts(branching="arpo", branching_mode="stochastic", tau=1.0, beta=0.0)  # every observation forks
+    )
+    algo = config.build_algo()
+    try:
+        result = algo.train()
+    finally:
+        algo.stop()
+    runners = result["env_runners"]
+    assert runners["env/resets"] == 2 and runners["env/errors"] == 0 and runners["env/killed"] == 0
+    assert runners["env/steps"] >= runners["env/clones"] >= 1 and runners["branches"] >= 1
+    assert runners["env/forks"] <= runners["env/clones"] and runners["env/replays"] == 0
