@@ -18,7 +18,8 @@ import time
 
 from rllib_arpo.data.tir_task import TIRTask
 from rllib_arpo.tools.base import Tool, ToolCall, ToolExecutor
-from rllib_arpo.tools.python_sandbox import PythonTool, namespaces_available
+from rllib_arpo.tools.python_runner import namespaces_available
+from rllib_arpo.tools.python_sandbox import PythonTool
 from rllib_arpo.tools.search import SearchTool
 
 CALLERS = (1, 16)

@@ -2,22 +2,10 @@
 
 Each call starts the interpreter (by default the base interpreter of this one, not a virtual
 environment's) with ``-I -S -u`` (isolated mode: no ``PYTHON*`` variables, no user site-packages;
-no ``site`` start-up; unbuffered, so output printed before a timeout is kept) with a small runner
-that receives the code on stdin and then:
-
-- puts the interpreter's site-packages directories and the configured ``site_packages`` on
-  ``sys.path`` (numpy or sympy, where they are installed there, import as usual) without running
-  their ``.pth`` files, which run arbitrary code at every start-up, and defines ``exit()`` and
-  ``quit()`` as the normal start-up does;
-- sets resource limits: CPU seconds (``ceil(timeout_s) + 1``, a backstop behind the wall-clock
-  deadline), address space, number of processes and file size;
-- under bubblewrap as root, drops to the call's own uid (``isolation.CallUid``);
-- keeps only ``PATH``, ``LANG`` and ``OMP_NUM_THREADS`` of its environment and points ``HOME`` and
-  ``TMPDIR`` at its private working directory: nothing of the parent's environment leaks;
-- writes the code to ``main.py`` in that directory and runs it, printing the value of the last
-  statement like the interactive interpreter when it is an expression (``3 * 7`` gives ``21``;
-  ``None`` prints nothing); errors answer with the last ``traceback_lines`` lines of the
-  traceback.
+no ``site`` start-up; unbuffered, so output printed before a timeout is kept) with the runner of
+``tools.python_runner``, which receives the code on stdin, sets the resource limits, leaves root,
+keeps nothing of the parent's environment and runs the code in a private working directory,
+printing the value of a last expression (see there).
 
 The parent starts the child in a new session, reads at most ``4 * max_output_chars`` bytes of
 stdout and the tail of stderr (the rest is read and dropped, so printing forever costs no
@@ -47,17 +35,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import math
 import os
 import secrets
 import selectors
 import signal
 import subprocess
-import sys
 import tempfile
 import textwrap
-import threading
 import time
 import warnings
 from collections.abc import Sequence
@@ -71,76 +56,10 @@ from rllib_arpo.tools.isolation import (
     bwrap_command,
     filter_pipe,
 )
-
-_RAN_TO_ITS_END = b"\0ran to its end\0"
-"""What the runner writes to stderr last, once the code has ended by itself (returned, raised, or
-called ``sys.exit``); it is missing where the code ended the interpreter (``os._exit``, a signal)
-or a deadline did. The parent strips it from the answer."""
-
-# Runs in the child: reads the code, sets the limits, leaves root (under bubblewrap as root),
-# enters its working directory, then runs the code, echoing the last expression's value, and ends
-# with _RAN_TO_ITS_END. It starts on every call, so it keeps start-up short: _ast (the C module
-# behind ast, which imports much more) and the interpreter's own traceback printer (not the
-# traceback module).
-_RUNNER = (
-    f"ran_to_its_end = {_RAN_TO_ITS_END!r}\n"
-    + """\
-import os, resource, site, sys
-from _ast import PyCF_ONLY_AST, Expr, Expression
-
-cpu_s, memory_bytes, max_processes, max_file_bytes, uid = map(int, sys.argv[1:6])
-workdir = sys.argv[6]
-sys.path.extend(path for path in [*site.getsitepackages(), *sys.argv[7:]] if os.path.isdir(path))
-site.setquit()  # exit() and quit(), as a normal start-up defines them
-code = sys.stdin.buffer.read()
-os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-for limit, value in ((resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_AS, memory_bytes),
-                     (resource.RLIMIT_NPROC, max_processes), (resource.RLIMIT_FSIZE, max_file_bytes)):
-    resource.setrlimit(limit, (value, value))
-if uid >= 0:
-    os.setgroups([])
-    os.setgid(uid)
-    os.setuid(uid)
-os.makedirs(workdir, mode=0o700, exist_ok=True)
-os.chdir(workdir)
-kept = {name: os.environ[name] for name in ("PATH", "LANG", "OMP_NUM_THREADS")}
-os.environ.clear()
-os.environ.update(kept, HOME=workdir, TMPDIR=workdir)
-with open("main.py", "wb") as file:
-    file.write(code)
-sys.argv = ["main.py"]
-namespace = {"__name__": "__main__", "__builtins__": __builtins__}
-try:
-    module = compile(code, "main.py", "exec", PyCF_ONLY_AST)
-    last = module.body.pop() if module.body and isinstance(module.body[-1], Expr) else None
-    exec(compile(module, "main.py", "exec"), namespace)
-    if last is not None:
-        value = eval(compile(Expression(last.value), "main.py", "eval"), namespace)
-        if value is not None:
-            print(repr(value))
-except Exception as error:
-    error.__traceback__ = None if isinstance(error, SyntaxError) else error.__traceback__.tb_next  # hide this runner
-    sys.__excepthook__(type(error), error, error.__traceback__)
-    sys.exit(1)
-finally:
-    try:
-        os.write(2, ran_to_its_end)
-    except OSError:  # the code closed its stderr
-        pass
-"""
-)
+from rllib_arpo.tools.python_runner import ENVIRONMENT, INTERPRETER, RAN_TO_ITS_END, RUNNER, namespaces_refusal
 
 _READ_CHUNK_BYTES = 1 << 16
 _EXIT_POLL_S = 0.1
-_ENVIRONMENT = {
-    "PATH": "/usr/local/bin:/usr/bin:/bin",
-    "LANG": "C.UTF-8",
-    "OMP_NUM_THREADS": "1",  # BLAS thread pools would run into RLIMIT_NPROC
-}
-"""The child's whole environment (the runner keeps these and sets ``HOME`` and ``TMPDIR``)."""
-_INTERPRETER = getattr(sys, "_base_executable", None) or sys.executable
-"""The base interpreter, not a virtual environment's: the code runs in isolated mode (``-I``) with the
-base interpreter's packages, and a venv may live where the sandbox does not show it."""
 _KILL_ALL = "import os\ntry:\n    os.kill(-1, 9)\nexcept ProcessLookupError:\n    pass"
 """Run as a call's uid: kills every process of that uid but itself (kill(2) with pid -1)."""
 
@@ -188,7 +107,7 @@ class PythonTool:
         self.max_file_size_mb = max_file_size_mb
         self.tmp_size_mb = tmp_size_mb
         self.traceback_lines = traceback_lines
-        self.interpreter = interpreter or _INTERPRETER
+        self.interpreter = interpreter or INTERPRETER
         self.site_packages = tuple(site_packages)
         self.as_root = os.geteuid() == 0
         refusal = "sandbox: off" if sandbox == "off" else namespaces_refusal(self.interpreter, self.site_packages)
@@ -232,14 +151,14 @@ class PythonTool:
                     stack.callback(self._kill_all_processes_of, uid)
                 command = self._command([], limits, -1, workdir)
                 stdout, stderr, returncode = self._execute(command, source, user=uid)
-        ended = stderr.endswith(_RAN_TO_ITS_END) and returncode is not None and returncode >= 0
-        return self._format(stdout, stderr.replace(_RAN_TO_ITS_END, b""), returncode), ended
+        ended = stderr.endswith(RAN_TO_ITS_END) and returncode is not None and returncode >= 0
+        return self._format(stdout, stderr.replace(RAN_TO_ITS_END, b""), returncode), ended
 
     def _command(self, prefix: list[str], limits: tuple[int, ...], uid: int, workdir: str) -> list[str]:
         """``prefix`` + the runner with ``limits`` (CPU seconds, address space bytes, processes,
         file bytes), the uid to drop to (-1: none) and its working directory."""
         arguments = [*limits, uid, workdir, *self.site_packages]
-        return [*prefix, self.interpreter, "-I", "-S", "-u", "-c", _RUNNER, *map(str, arguments)]
+        return [*prefix, self.interpreter, "-I", "-S", "-u", "-c", RUNNER, *map(str, arguments)]
 
     def _start_best_effort(self, refusal: str) -> None:
         """Checks and prepares the plain-subprocess fallback of ``best_effort``; warns once."""
@@ -253,7 +172,7 @@ class PythonTool:
                         check=True,
                         timeout=60,
                         cwd="/",
-                        env=_ENVIRONMENT,
+                        env=ENVIRONMENT,
                     )
                 except (OSError, subprocess.SubprocessError) as error:
                     raise SandboxUnavailable(
@@ -278,7 +197,7 @@ class PythonTool:
     def _kill_all_processes_of(self, uid: int) -> None:
         """Kills what a call left running under its uid (``setsid`` daemons included)."""
         subprocess.run(
-            [self.interpreter, "-I", "-S", "-c", _KILL_ALL], **_as_user(uid), cwd="/", env=_ENVIRONMENT, timeout=60
+            [self.interpreter, "-I", "-S", "-c", _KILL_ALL], **_as_user(uid), cwd="/", env=ENVIRONMENT, timeout=60
         )
 
     def _execute(
@@ -290,7 +209,7 @@ class PythonTool:
         with subprocess.Popen(
             command,
             cwd="/",
-            env=_ENVIRONMENT,
+            env=ENVIRONMENT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -335,44 +254,6 @@ _PR_SET_DUMPABLE = 4
 def _as_user(uid: int) -> dict:
     """``Popen`` arguments that start the child as ``uid`` (group ``uid``, no supplementary groups)."""
     return {"user": uid, "group": uid, "extra_groups": []}
-
-
-_probe_lock = threading.Lock()
-
-
-def namespaces_refusal(interpreter: str = _INTERPRETER, site_packages: tuple[str, ...] = ()) -> str:
-    """Why code cannot run under bubblewrap here ("" when it can); probed once per interpreter
-    and package list by running ``pass`` through the whole sandbox."""
-    with _probe_lock:
-        return _probe(interpreter, site_packages)
-
-
-def namespaces_available() -> bool:
-    """Whether the default interpreter runs under bubblewrap here."""
-    return not namespaces_refusal()
-
-
-@functools.cache
-def _probe(interpreter: str, site_packages: tuple[str, ...]) -> str:
-    as_root = os.geteuid() == 0
-    seccomp = -1
-    try:
-        with CallUid() as uid:
-            seccomp = filter_pipe()
-            prefix = bwrap_command(interpreter, site_packages, 1 << 20, seccomp, as_root)
-            runner = [interpreter, "-I", "-S", "-u", "-c", _RUNNER, "30", str(1 << 30), "32", str(1 << 20)]
-            command = [*prefix, *runner, str(uid if as_root else -1), "/tmp/python-tool-probe"]
-            probe = subprocess.run(
-                command, input=b"pass", capture_output=True, timeout=60, cwd="/", env=_ENVIRONMENT, pass_fds=(seccomp,)
-            )
-        if probe.returncode == 0:
-            return ""
-        return probe.stderr.decode(errors="replace").strip()[-500:] or f"exit status {probe.returncode}"
-    except (OSError, subprocess.SubprocessError, SandboxUnavailable) as error:
-        return str(error)
-    finally:
-        if seccomp >= 0:
-            os.close(seccomp)
 
 
 def _read_bounded(process: subprocess.Popen, limit_bytes: int, deadline: float) -> tuple[bytearray, bytearray, bool]:

@@ -21,7 +21,8 @@ from rllib_arpo.environments.python_session import PythonSession
 from rllib_arpo.tools import isolation, python_sandbox
 from rllib_arpo.tools.base import ToolCall, ToolExecutor
 from rllib_arpo.tools.isolation import SandboxUnavailable, user_namespace_filter
-from rllib_arpo.tools.python_sandbox import PythonTool, namespaces_available
+from rllib_arpo.tools.python_runner import namespaces_available
+from rllib_arpo.tools.python_sandbox import PythonTool
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 SHARED = REPOSITORY.parent / "shared"
