@@ -8,9 +8,9 @@ rollout needs, for every generated token y_t with logits z_t:
 
 Prefix reuse. In an ARPO tree the prefixes of one call share long token spans: the prompt is
 repeated for all trajectories of a question, and branches forked at a tool call share everything
-before it. The engine builds a radix tree (compressed trie) of the call's prefixes and prefills
-it level by level, so every shared span is encoded once and its KV cache is copied to the rows
-that continue it:
+before it. The engine builds a radix tree (compressed trie, ``rollout.prefix_tree``) of the
+call's prefixes and prefills it level by level, so every shared span is encoded once and its KV
+cache is copied to the rows that continue it:
 
     level 0: the distinct first spans           (e.g. the prompt, once)
     level d: the spans after each level d-1 fork, with the parent's cache rows selected
@@ -28,7 +28,6 @@ the saving. KV caches are not kept between calls.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,51 +36,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 from rllib_arpo.core.entropy import entropy_from_logits
 from rllib_arpo.models.lora import LoraSettings, add_lora, load_adapter_state
 from rllib_arpo.rollout.engine import EngineStats, Generation, SamplingParams
-
-
-@dataclass(eq=False)
-class _PrefixNode:
-    """A span of a radix tree of token prefixes: its path from the root is a shared prefix."""
-
-    tokens: list[int]
-    parent: _PrefixNode | None
-    children: dict[int, _PrefixNode] = field(default_factory=dict)  # keyed by first token
-    is_prefix_end: bool = False  # some prefix of the call ends exactly here
-
-    @property
-    def start(self) -> int:
-        """Position id of the span's first token (length of the path above it)."""
-        node, length = self.parent, 0
-        while node is not None:
-            length += len(node.tokens)
-            node = node.parent
-        return length
-
-
-def _common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    mismatch = (torch.as_tensor(a[:n]) != torch.as_tensor(b[:n])).nonzero()
-    return int(mismatch[0]) if len(mismatch) else n
-
-
-def _insert(root: _PrefixNode, prefix: Sequence[int]) -> _PrefixNode:
-    """Add ``prefix`` to the radix tree under ``root``; return the node where it ends."""
-    node, i = root, 0
-    while i < len(prefix):
-        child = node.children.get(prefix[i])
-        if child is None:
-            leaf = _PrefixNode(list(prefix[i:]), parent=node)
-            node.children[prefix[i]] = leaf
-            return leaf
-        shared = _common_prefix_length(child.tokens, prefix[i:])
-        if shared < len(child.tokens):  # split child into child.tokens[:shared] -> rest
-            head = _PrefixNode(child.tokens[:shared], parent=node)
-            node.children[prefix[i]] = head
-            child.tokens, child.parent = child.tokens[shared:], head
-            head.children[child.tokens[0]] = child
-            child = head
-        node, i = child, i + shared
-    return node
+from rllib_arpo.rollout.prefix_tree import PrefixNode, insert_prefix
 
 
 class HFEngine:
@@ -215,18 +170,18 @@ class HFEngine:
         Returns the KV cache, the attention mask over its columns ``[B, C]``, the position id of
         each row's next token ``[B]``, and the logits of each row's next token ``[B, V]``.
         """
-        root = _PrefixNode([], parent=None)
+        root = PrefixNode([], parent=None)
         if self.reuse_prefixes:
-            ends = [_insert(root, prefix) for prefix in prefixes]
+            ends = [insert_prefix(root, prefix) for prefix in prefixes]
         else:  # every prefix is its own span
-            ends = [_PrefixNode(list(prefix), parent=root) for prefix in prefixes]
+            ends = [PrefixNode(list(prefix), parent=root) for prefix in prefixes]
         for node in ends:
             node.is_prefix_end = True
 
         cache = DynamicCache(config=self.model.config)
         mask = torch.zeros(1, 0, dtype=torch.long, device=self.device)
-        rows: list[_PrefixNode] = [root]  # rows[r]: the node whose path cache row r holds
-        logits_of: dict[_PrefixNode, torch.Tensor] = {}
+        rows: list[PrefixNode] = [root]  # rows[r]: the node whose path cache row r holds
+        logits_of: dict[PrefixNode, torch.Tensor] = {}
         level = list(root.children.values()) if self.reuse_prefixes else ends
         while level:
             # Rows of the next cache: prefix ends reached earlier ride along with an empty span,
