@@ -25,13 +25,9 @@ minibatch: no optimizer step before any micro-batch's forward) pi_old is pi_thet
 micro-batch's training forward gives it (its log-probs, detached) and no other forward is made;
 otherwise a forward pass without gradients recomputes them all before the first step.
 Either way the update's first minibatch logs how far sampler and learner disagree on the same
-tokens: ``logprob_mismatch_kl`` (k3 estimate of KL(pi_engine || pi_learner), token mean),
-``logprob_mismatch_max_abs`` (largest |log pi_learner - log pi_engine|), and the spread of the
-ratio pi_theta / pi_old at the first micro-batch (``first_ratio_std``,
-``first_ratio_max_deviation`` = max |r - 1|): with ``learner`` the first ratio is exactly 1.
-Rollouts sampled at a temperature T other than 1 are trained as softmax(logits / T), the
-distribution they came from; the engines report temperature-1 log-probs, so T != 1 needs
-``learner`` and logs the ratio's spread only.
+tokens (``learner.sampler_mismatch``). Rollouts sampled at a temperature T other than 1 are
+trained as softmax(logits / T), the distribution they came from; the engines report
+temperature-1 log-probs, so T != 1 needs ``learner`` and logs the ratio's spread only.
 
 The update is five steps a backend may replace (``deepspeed_learner.ARPODeepSpeedLearner`` does):
 ``_zero_gradients``, ``_micro_batch`` (a context around one micro-batch's forward and backward),
@@ -53,7 +49,7 @@ import torch
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 
 from rllib_arpo.core.dtypes import DTYPES
-from rllib_arpo.core.losses import LOSS_AGGREGATIONS, compute_policy_loss, kl_penalty
+from rllib_arpo.core.losses import LOSS_AGGREGATIONS, compute_policy_loss
 from rllib_arpo.learner.checkpoint import rng_states, set_rng_states
 from rllib_arpo.learner.distributed import data_parallel_rank, data_parallel_size, global_sum
 from rllib_arpo.learner.forward import PACKED, sequence_logprobs
@@ -67,14 +63,13 @@ from rllib_arpo.learner.memory import (
 from rllib_arpo.learner.packing import micro_batches
 from rllib_arpo.learner.rl_module import engine_state_dict, load_reference_model
 from rllib_arpo.learner.rllib_compat import parameter_gradients, update_batch, update_result, zero_gradients
+from rllib_arpo.learner.sampler_mismatch import SAMPLER_LOGPROBS, SamplerMismatch
 from rllib_arpo.models.optimizers import build_optimizer
 from rllib_arpo.weights.broadcast import WeightBroadcastGroup, WeightLayout, free_address
 from rllib_arpo.weights.object_store import tensor_bytes
 
 logger = logging.getLogger(__name__)
 RNG_STATES = "rng_states"
-SAMPLER_LOGPROBS = "sampler_logprobs"
-"""Batch key of the engine's log-probs once ``old_logprob_source: learner`` has replaced ``old_logprobs``."""
 
 
 class ARPOTorchLearner(TorchLearner):
@@ -348,36 +343,3 @@ class ARPOTorchLearner(TorchLearner):
         for key, value in weighted_metrics.items():
             self.metrics.log_value((mid, key), value, window=1)
         return batch_loss
-
-
-class SamplerMismatch:
-    """How far the engine's log-probs of the sampled tokens are from the learner's, accumulated
-    over the micro-batches of an update's first minibatch (before any optimizer step, so the
-    learner's are log pi_old): see the module docstring for the metrics. The ratio's spread is
-    taken at the first micro-batch that trains a token."""
-
-    def __init__(self, with_sampler: bool = True) -> None:
-        self.with_sampler = with_sampler  # False: the sampler drew at another temperature, no comparison
-        self.kl_sum, self.max_abs, self.tokens = 0.0, 0.0, 0
-        self.first_ratio_std, self.first_ratio_max_deviation = 0.0, 0.0
-
-    def add(self, learner_logprobs: torch.Tensor, chunk: dict[str, Any]) -> None:
-        mask = chunk["loss_mask"] > 0
-        if not mask.any():
-            return
-        sampler = chunk.get(SAMPLER_LOGPROBS, chunk["old_logprobs"])[mask].double()
-        learner = learner_logprobs[mask].double()  # k3 of differences near 1e-7 cancels in float32
-        if self.tokens == 0:
-            ratio = torch.exp(learner - chunk["old_logprobs"][mask].double())
-            self.first_ratio_std = float(ratio.std(unbiased=False))
-            self.first_ratio_max_deviation = float((ratio - 1).abs().max())
-        self.kl_sum += float(kl_penalty(sampler, learner, "k3").sum())
-        self.max_abs = max(self.max_abs, float((learner - sampler).abs().max()))
-        self.tokens += int(mask.sum())
-
-    def metrics(self) -> dict[str, float]:
-        ratio = {"first_ratio_std": self.first_ratio_std, "first_ratio_max_deviation": self.first_ratio_max_deviation}
-        if not self.with_sampler:
-            return ratio
-        mismatch = {"logprob_mismatch_kl": self.kl_sum / max(self.tokens, 1), "logprob_mismatch_max_abs": self.max_abs}
-        return {**mismatch, **ratio}

@@ -17,7 +17,8 @@ from rllib_arpo.learner.forward import sequence_logprobs
 from rllib_arpo.learner.packed_forward import packed_logprobs
 from rllib_arpo.learner.packing import pad_rows
 from rllib_arpo.learner.rl_module import hf_state_dict
-from rllib_arpo.learner.torch_learner import SAMPLER_LOGPROBS, ARPOTorchLearner
+from rllib_arpo.learner.sampler_mismatch import SAMPLER_LOGPROBS
+from rllib_arpo.learner.torch_learner import ARPOTorchLearner
 from rllib_arpo.models.spaces import placeholder_spaces
 from rllib_arpo.rollout.hf_engine import HFEngine
 
