@@ -12,7 +12,7 @@ For a batch of prompts, every round:
    declined, so they do not lag k tokens behind their parent; unset, the engine's
    ``prefers_early_children`` decides);
 3. paths that closed a tool tag have their calls run in parallel; each result is appended as a
-   TOOL segment ``" <result>...</result>"`` (loss-masked);
+   TOOL segment ``" <result>...</result>"`` (loss-masked; ``rollout.tool_round``);
 4. a prompt whose paths have all ended is topped up with fresh trajectories until it has M.
 
 With an ``environment`` (``environments.base``), each prompt's row is reset first (its first
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -38,36 +37,11 @@ from rllib_arpo.core.branching import BranchBudget, BranchingPolicy, aepo_global
 from rllib_arpo.core.entropy import window_mean_entropy
 from rllib_arpo.core.tree import BranchPoint, RolloutTree, SegmentKind
 from rllib_arpo.rollout.engine import Generation, GenerationEngine, SamplingParams
-from rllib_arpo.rollout.episodes import ENV_ERROR, EnvironmentStats, Episode, Episodes
+from rllib_arpo.rollout.episodes import Episode, Episodes
 from rllib_arpo.rollout.settings import RolloutSettings
+from rllib_arpo.rollout.tool_round import ToolRound
+from rllib_arpo.rollout.tree_paths import RolloutPath, RolloutStats, finish_path
 from rllib_arpo.tools.base import ToolCall, ToolExecutor, encode_tool_result, find_tool_call
-
-
-@dataclass
-class _Path:
-    """A trajectory being generated: where it continues from and its branching state."""
-
-    tree: int
-    node: int | None = None
-    h_initial: float | None = None
-    after_tool: bool = False
-    tool_calls: int = 0
-    consecutive_branches: int = 0
-    may_branch: bool = True
-    tool_entropies: list[float] = field(default_factory=list)
-    episode: Episode | None = None
-
-
-@dataclass
-class RolloutStats:
-    generation_s: float = 0.0
-    tool_s: float = 0.0
-    rounds: int = 0
-    branches: int = 0
-    discarded_tokens: int = 0  # early_children: phase-1 tokens of would-be children whose fork was declined
-    delta_entropies: list[float] = field(default_factory=list)
-    finish_reasons: Counter = field(default_factory=Counter)
-    environment: EnvironmentStats | None = None
 
 
 def _can_branch(budget: BranchBudget | None) -> bool:
@@ -115,6 +89,7 @@ class TreeRollout:
         self.tool_names = tuple(tools.tools) + ((self.action_tag,) if self.action_tag else ())
         """Every tag a call or an action may close: the tools' and the environment's."""
         self.stop_strings = tuple(f"</{name}>" for name in self.tool_names)
+        self.tool_round = ToolRound(engine, tools, episodes, self.action_tag, settings)
 
     def run(
         self, prompts: list[list[int]], seed: int, rows: list[dict] | None = None
@@ -135,8 +110,8 @@ class TreeRollout:
                 if first:
                     tree.prompt_ids += encode_tool_result(self.engine.tokenizer, first, s.max_tool_result_tokens)
 
-        def new_path(i: int, **kwargs) -> _Path:
-            return _Path(tree=i, episode=Episode(roots[i]) if roots[i] is not None else None, **kwargs)
+        def new_path(i: int, **kwargs) -> RolloutPath:
+            return RolloutPath(tree=i, episode=Episode(roots[i]) if roots[i] is not None else None, **kwargs)
 
         if s.aepo_pre_monitoring:
             budgets: list[BranchBudget | None] = [None] * len(trees)
@@ -149,7 +124,7 @@ class TreeRollout:
         while active:
             stats.rounds += 1
             pending = self._generate_round(trees, budgets, active, rng, seed, stats)
-            next_active = self._run_tools(trees, pending, stats)
+            next_active = self.tool_round.run(trees, pending, stats)
             # prompts whose paths all ended: finish AEPO's probe, or top up to M
             running = {p.tree for p in next_active}
             for i, tree in enumerate(trees):
@@ -167,7 +142,7 @@ class TreeRollout:
         return trees, stats
 
     # --- one generation round ---------------------------------------------------------------
-    def _generate_round(self, trees, budgets, active, rng, seed, stats) -> list[tuple[_Path, ToolCall]]:
+    def _generate_round(self, trees, budgets, active, rng, seed, stats) -> list[tuple[RolloutPath, ToolCall]]:
         """Phase 1, in rounds where some path may fork right after its tool result (a candidate):
         each candidate generates its first k tokens, whose entropy decides the fork. Phase 2:
         every path, and the granted children from the end of the tool result, continues until a
@@ -201,7 +176,7 @@ class TreeRollout:
 
     def _decide_forks(
         self, trees, budgets, active, deciding, rng, seed, stats
-    ) -> tuple[dict[int, Generation], list[_Path]]:
+    ) -> tuple[dict[int, Generation], list[RolloutPath]]:
         """Phase 1 of ``_generate_round``: the first k tokens of the ``deciding`` paths (with
         ``early_children``, of every active path and of the candidates' would-be children), and
         the fork each candidate's tokens decide. Returns (the k-token heads by path id, the
@@ -227,7 +202,7 @@ class TreeRollout:
         return heads, forked
 
     def _add_generation(
-        self, tree: RolloutTree, path: _Path, generation: Generation, decided_fork: bool, stats: RolloutStats
+        self, tree: RolloutTree, path: RolloutPath, generation: Generation, decided_fork: bool, stats: RolloutStats
     ) -> ToolCall | None:
         """Append ``generation`` to ``path`` as a model segment and record its window entropy:
         H_initial on the path's first segment, after a tool result a tool entropy (and dH where the
@@ -257,10 +232,10 @@ class TreeRollout:
             reason = "max_tool_calls"
         else:
             return call
-        self._finish(tree, path, reason, stats)
+        finish_path(tree, path, reason, stats)
         return None
 
-    def _room(self, trees, path: _Path) -> int:
+    def _room(self, trees, path: RolloutPath) -> int:
         """Tokens the path may still generate: max_response_tokens minus its response so far."""
         return self.settings.max_response_tokens - len(trees[path.tree].response_ids(path.node))
 
@@ -303,7 +278,7 @@ class TreeRollout:
 
     def _decide_branch(
         self, tree, path, window_entropy, budget, tentative, rng, stats
-    ) -> tuple[list[_Path], list[_Path]]:
+    ) -> tuple[list[RolloutPath], list[RolloutPath]]:
         """Ask the branching policy with dH = H_t - H_initial, and keep what it decided on the
         tool segment the path stands after (``BranchPoint``). On a fork the budget grants up to
         Z - 1 children: the tentative (early) ones first, then new ones starting in phase 2.
@@ -327,9 +302,9 @@ class TreeRollout:
         return children, tentative[granted:]
 
     @staticmethod
-    def _child(path: _Path) -> _Path:
+    def _child(path: RolloutPath) -> RolloutPath:
         """A new path that resamples from the end of ``path``'s tool result (the fork point)."""
-        return _Path(
+        return RolloutPath(
             tree=path.tree,
             node=path.node,
             h_initial=path.h_initial,
@@ -338,56 +313,8 @@ class TreeRollout:
             episode=path.episode.fork() if path.episode is not None else None,
         )
 
-    def _finish(self, tree: RolloutTree, path: _Path, reason: str, stats: RolloutStats) -> None:
-        tree.finish(path.node, reason)
-        stats.finish_reasons[reason] += 1
-
-    # --- tools and the environment ---------------------------------------------------------
-    def _run_tools(self, trees, pending: list[tuple[_Path, ToolCall]], stats) -> list[_Path]:
-        """Run the round's tool calls and environment actions and append what they answered;
-        returns the paths that go on."""
-        if not pending:
-            return []
-        calls = [(path, call) for path, call in pending if call.name != self.action_tag]
-        actions = [(path, call) for path, call in pending if call.name == self.action_tag]
-        start = time.perf_counter()
-        results = self.tools.run([call for _, call in calls])
-        stats.tool_s += time.perf_counter() - start
-        continuing = []
-        for (path, call), result in zip(calls, results):
-            if self._append_answer(trees[path.tree], path, call.name, result.text, stats):
-                continuing.append(path)
-        outcomes = self.episodes.step([(path.episode, call.query) for path, call in actions]) if actions else []
-        for (path, call), outcome in zip(actions, outcomes):
-            tree = trees[path.tree]
-            tree.segments[path.node].reward = outcome.reward  # r_t of the action that ends this segment
-            failed = outcome.error is not None
-            overflow = ENV_ERROR if failed else "length"
-            if not self._append_answer(tree, path, call.name, outcome.observation, stats, overflow):
-                continue
-            if failed or outcome.done:
-                self._finish(tree, path, ENV_ERROR if failed else "env_done", stats)
-            else:
-                continuing.append(path)
-        order = {id(path): k for k, (path, _) in enumerate(pending)}
-        return sorted(continuing, key=lambda path: order[id(path)])
-
-    def _append_answer(self, tree, path: _Path, name: str, text: str, stats, overflow: str = "length") -> bool:
-        """Append a tool's result or an environment's observation to the path as a TOOL segment;
-        False where it does not fit the response budget and the path ended (finish reason
-        ``overflow``: ``env_error`` for an environment's error, which ends the path either way)."""
-        s = self.settings
-        result_ids = encode_tool_result(self.engine.tokenizer, text, s.max_tool_result_tokens)
-        if len(tree.response_ids(path.node)) + len(result_ids) >= s.max_response_tokens:
-            self._finish(tree, path, overflow, stats)
-            return False
-        path.node = tree.add_segment(path.node, result_ids, SegmentKind.TOOL, tool_name=name)
-        path.tool_calls += 1
-        path.after_tool = True
-        return True
-
     # --- AEPO pre-monitoring ---------------------------------------------------------------
-    def _budget_from_probe(self, probe: _Path) -> BranchBudget:
+    def _budget_from_probe(self, probe: RolloutPath) -> BranchBudget:
         """m = aepo_global_samples(M, H_root, mean H_tool) from the probe trajectory; a probe that
         called no tool gives H_tool = H_root (no evidence either way: m = M / 2 rounded half up)."""
         s = self.settings
