@@ -125,7 +125,7 @@ def sampler_learner_mismatch(model, samples, learner_dtype: str, tis_cap: float 
     (their mean and the share at the cap)."""
     import torch
 
-    from rllib_arpo.core.losses import kl_penalty
+    from rllib_arpo.core.kl_estimators import kl_penalty
     from rllib_arpo.learner.forward import sequence_logprobs
 
     engine, learner = [], []

@@ -9,7 +9,10 @@ from dataclasses import dataclass, make_dataclass
 
 from rllib_arpo.config.checks import at_least, registered
 from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, base_estimator, estimator_settings
-from rllib_arpo.core.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, check_tis_cap
+from rllib_arpo.core.kl_estimators import KL_ESTIMATORS
+from rllib_arpo.core.learner_loss import check_tis_cap
+from rllib_arpo.core.loss_aggregation import LOSS_AGGREGATIONS
+from rllib_arpo.core.losses import POLICY_LOSSES
 from rllib_arpo.core.settings import setting
 
 OLD_LOGPROB_SOURCES = ("engine", "learner")

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from rllib_arpo.core.losses import kl_penalty
+from rllib_arpo.core.kl_estimators import kl_penalty
 
 SAMPLER_LOGPROBS = "sampler_logprobs"
 """Batch key of the engine's log-probs once ``old_logprob_source: learner`` has replaced ``old_logprobs``."""

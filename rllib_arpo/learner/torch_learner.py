@@ -2,9 +2,9 @@
 
 One ``update`` call trains on a batch of padded trajectory rows (``learner.packing.pad_rows``)
 whose advantages were already attributed by the estimator chosen in the config. The policy loss
-comes from ``core.losses`` (``config.policy_loss``). The batch is split into micro-batches
-(``learner.packing.micro_batches``: ``micro_batch_size`` padded rows, or with ``packing``
-``packed``/``tree`` rows packed into ``micro_batch_tokens`` tokens, shared prefixes laid out once)
+comes from ``core.losses`` (``config.policy_loss``), taken by ``core.learner_loss``. The batch is
+split into micro-batches (``learner.packing.micro_batches``: ``micro_batch_size`` padded rows, or
+with ``packing`` ``packed``/``tree`` rows packed into ``micro_batch_tokens`` tokens, shared prefixes laid out once)
 whose gradients accumulate, so memory is bounded by the micro-batch while the loss equals the
 whole batch's loss: each micro-batch loss is weighted by
 its share of the batch's aggregation denominator, as the registered aggregation declares it
@@ -49,7 +49,8 @@ import torch
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 
 from rllib_arpo.core.dtypes import DTYPES
-from rllib_arpo.core.losses import LOSS_AGGREGATIONS, compute_policy_loss
+from rllib_arpo.core.learner_loss import compute_policy_loss
+from rllib_arpo.core.loss_aggregation import LOSS_AGGREGATIONS
 from rllib_arpo.learner.checkpoint import rng_states, set_rng_states
 from rllib_arpo.learner.distributed import data_parallel_rank, data_parallel_size, global_sum
 from rllib_arpo.learner.forward import PACKED, sequence_logprobs

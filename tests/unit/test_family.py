@@ -16,7 +16,7 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from rllib_arpo.algorithm import TRAINABLES, fill_batch
 from rllib_arpo.config.family import FAMILY
 from rllib_arpo.core.advantages import compute_advantages
-from rllib_arpo.core.losses import compute_policy_loss
+from rllib_arpo.core.learner_loss import compute_policy_loss
 from rllib_arpo.core.tree import RolloutTree, SegmentKind
 from rllib_arpo.learner.group import epoch_options
 from rllib_arpo.rewards.overlong import overlong_penalty

@@ -10,7 +10,7 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from transformers import AutoConfig
 
 from rllib_arpo.algorithm import ARPOConfig
-from rllib_arpo.core.losses import LOSS_AGGREGATIONS, LossAggregation
+from rllib_arpo.core.loss_aggregation import LOSS_AGGREGATIONS, LossAggregation
 from rllib_arpo.core.tree import TrajectoryRow
 from rllib_arpo.learner import torch_learner
 from rllib_arpo.learner.forward import sequence_logprobs

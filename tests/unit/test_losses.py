@@ -4,7 +4,10 @@ import pytest
 import torch
 
 from rllib_arpo.core import losses
-from rllib_arpo.core.losses import LOSS_AGGREGATIONS, POLICY_LOSSES, aggregate_loss, compute_policy_loss, kl_penalty
+from rllib_arpo.core.kl_estimators import kl_penalty
+from rllib_arpo.core.learner_loss import compute_policy_loss, truncated_importance_weights
+from rllib_arpo.core.loss_aggregation import LOSS_AGGREGATIONS, aggregate_loss
+from rllib_arpo.core.losses import POLICY_LOSSES
 
 
 def logprobs_for_ratios(ratios: list[list[float]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -221,11 +224,11 @@ def test_register_policy_loss(monkeypatch):
 
 def test_truncated_importance_weights_are_capped_ratios_without_gradient():
     old = torch.log(torch.tensor([[0.5, 1.0, 2.0, 4.0]])).requires_grad_()
-    weights = losses.truncated_importance_weights(old, torch.zeros(1, 4), cap=3.0)
+    weights = truncated_importance_weights(old, torch.zeros(1, 4), cap=3.0)
     assert torch.allclose(weights, torch.tensor([[0.5, 1.0, 2.0, 3.0]]))
     assert not weights.requires_grad
     with pytest.raises(ValueError, match=r"tis_cap must be >= 1 \(or null\), got 0.9"):
-        losses.truncated_importance_weights(old, torch.zeros(1, 4), cap=0.9)
+        truncated_importance_weights(old, torch.zeros(1, 4), cap=0.9)
 
 
 def test_tis_weights_each_tokens_policy_loss():

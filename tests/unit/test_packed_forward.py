@@ -9,8 +9,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from rllib_arpo.core.advantages import compute_advantages
 from rllib_arpo.core.entropy import entropy_from_logits
+from rllib_arpo.core.learner_loss import compute_policy_loss
 from rllib_arpo.core.logprobs import next_token_logprobs
-from rllib_arpo.core.losses import LOSS_AGGREGATIONS, compute_policy_loss
+from rllib_arpo.core.loss_aggregation import LOSS_AGGREGATIONS
 from rllib_arpo.core.tree import RolloutTree
 from rllib_arpo.learner.packed_forward import BLOCK_ATTENTION, packed_logprobs, use_block_attention
 from rllib_arpo.learner.packing import pack_rows, pad_rows

@@ -1,7 +1,8 @@
 import pytest
 
 from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS
-from rllib_arpo.core.losses import LOSS_AGGREGATIONS, POLICY_LOSSES
+from rllib_arpo.core.loss_aggregation import LOSS_AGGREGATIONS
+from rllib_arpo.core.losses import POLICY_LOSSES
 from rllib_arpo.core.registry import Registry
 from rllib_arpo.data.registry import DATASET_LOADERS
 from rllib_arpo.environments import ENVIRONMENTS

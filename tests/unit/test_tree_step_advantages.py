@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
-from rllib_arpo.core.losses import POLICY_LOSSES, compute_policy_loss
+from rllib_arpo.core.learner_loss import compute_policy_loss
+from rllib_arpo.core.losses import POLICY_LOSSES
 from rllib_arpo.core.step_advantages import step_terms
 from rllib_arpo.core.tree import RolloutTree
 
