@@ -15,7 +15,8 @@ same name, type and default (``config_fields.TrainingSettings`` takes them from 
 those are filled from the config (``AdvantageEstimator.options_from``): an option that happens
 to share a name with another config field (RLlib's ``gamma``, say) keeps its own default.
 
-Trajectory-level estimators (one scalar A_i per trajectory i of a prompt's group G, |G| = M):
+Trajectory-level estimators (one scalar A_i per trajectory i of a prompt's group G, |G| = M; the
+formulas the estimators share are in ``core.group_advantages``):
 
 - ``grpo``:        A_i = (r_i - mean_G r) / (std_G r + eps)         (std with Bessel's correction,
                    as torch.std in verl and TRL)
@@ -62,12 +63,18 @@ from typing import Any
 
 import numpy as np
 
+from rllib_arpo.core.group_advantages import (
+    TokenAdvantages,
+    broadcast_trajectory_advantages,
+    group_normalized,
+    leave_one_out,
+    span_advantages,
+    whiten,
+)
 from rllib_arpo.core.registry import Registry
 from rllib_arpo.core.settings import setting
 from rllib_arpo.core.step_advantages import step_terms
 from rllib_arpo.core.tree import RolloutTree, TrajectoryRow, batch_rows
-
-TokenAdvantages = list[np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -205,35 +212,7 @@ def compute_advantages(
     return AttributedRows(batch_rows(rows), advantages)
 
 
-# --- trajectory-level baselines ------------------------------------------------------------
-def group_normalized(rewards: np.ndarray, use_std: bool = True, eps: float = 1e-6) -> np.ndarray:
-    """GRPO's A_i = (r_i - mean r) / (std r + eps), or Dr.GRPO's r_i - mean r when not use_std."""
-    if rewards.size < 2 or np.ptp(rewards) == 0:
-        return np.zeros_like(rewards)
-    centered = rewards - rewards.mean()
-    return centered / (rewards.std(ddof=1) + eps) if use_std else centered
-
-
-def leave_one_out(rewards: np.ndarray) -> np.ndarray:
-    """RLOO / LOOP: A_i = r_i - (sum_j r_j - r_i) / (M - 1)."""
-    m = rewards.size
-    if m < 2 or np.ptp(rewards) == 0:
-        return np.zeros_like(rewards)
-    return rewards - (rewards.sum() - rewards) / (m - 1)
-
-
-def broadcast_trajectory_advantages(
-    trees: Sequence[RolloutTree], per_trajectory: Sequence[np.ndarray]
-) -> TokenAdvantages:
-    """Give every response token of trajectory i its trajectory's advantage A_i (full rows)."""
-    out = []
-    for tree, advantages in zip(trees, per_trajectory):
-        for trajectory, a in enumerate(advantages):
-            n = len(tree.trajectory_response_ids(trajectory))
-            out.append(np.full(n, a, dtype=np.float32))
-    return out
-
-
+# --- trajectory-level estimators -----------------------------------------------------------
 @ADVANTAGE_ESTIMATORS.register("grpo", "arpo_soft")
 def grpo(trees, rewards, rows, *, eps: float = 1e-6) -> TokenAdvantages:
     return broadcast_trajectory_advantages(trees, [group_normalized(r, True, eps) for r in rewards])
@@ -272,26 +251,10 @@ def reinforce_pp(
         if token_kl is None:
             raise ValueError("reinforce_pp with reward_kl_coef > 0 needs token_kl (the EnvRunner measures it)")
         returns = [g - reward_kl_coef * np.cumsum(kl[::-1])[::-1] for g, kl in zip(returns, token_kl)]
-    return _whiten(returns, [row.loss_mask for row in batch_rows(rows)], eps)
-
-
-def _whiten(values: TokenAdvantages, masks: Sequence[np.ndarray], eps: float) -> TokenAdvantages:
-    """(x - mean) / (std + eps) with mean and std over the masked tokens of the whole batch."""
-    trained = np.concatenate([v[m > 0] for v, m in zip(values, masks)] or [np.zeros(0)])
-    if trained.size < 2 or np.ptp(trained) == 0:
-        return [np.zeros_like(v, dtype=np.float32) for v in values]
-    mean, std = trained.mean(), trained.std()
-    return [((v - mean) / (std + eps)).astype(np.float32) for v in values]
+    return whiten(returns, [row.loss_mask for row in batch_rows(rows)], eps)
 
 
 # --- tree-aware estimators -----------------------------------------------------------------
-def span_advantages(tree: RolloutTree, rewards: np.ndarray, eps: float) -> np.ndarray:
-    """``arpo_hard``'s advantage of every segment s: mean_{i in L(s)} A_i, A_i GRPO's, over the
-    finished trajectories L(s) through s; 0 for a segment that none passes through."""
-    trajectory_advantage = group_normalized(rewards, True, eps)
-    return np.array([trajectory_advantage[m].mean() if m else 0.0 for m in tree.segment_members()])
-
-
 @ADVANTAGE_ESTIMATORS.register("arpo_hard", dedupe_rows=True)
 def arpo_hard(trees, rewards, rows, *, eps: float = 1e-6) -> TokenAdvantages:
     """Shared spans get the mean advantage of the trajectories that contain them."""
@@ -381,5 +344,5 @@ def aepo(
         base_options["eps"] = eps
     advantages = base.fn(trees, rewards, rows, **base_options)
     flat = batch_rows(rows)
-    z = _whiten([row.entropies for row in flat], [row.loss_mask for row in flat], eps)
+    z = whiten([row.entropies for row in flat], [row.loss_mask for row in flat], eps)
     return [(a * (1.0 + entropy_advantage_coef * zt)).astype(np.float32) for a, zt in zip(advantages, z)]

@@ -3,7 +3,8 @@ import math
 import numpy as np
 import pytest
 
-from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, broadcast_trajectory_advantages, compute_advantages
+from rllib_arpo.core.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
+from rllib_arpo.core.group_advantages import broadcast_trajectory_advantages
 from rllib_arpo.core.tree import RolloutTree
 
 
