@@ -136,7 +136,7 @@ def _find_all(text: str, piece: str) -> list[int]:
 
 def summary(name: str, samples: list[EntropySample], vocab_size: int) -> dict:
     """Counts, dH statistics and what the default rules make of dH, in nats and / log|V|."""
-    from rllib_arpo.core.branching import aepo_global_samples
+    from rllib_arpo.core.branch_budget import aepo_global_samples
     from rllib_arpo.rollout.settings import RolloutSettings
 
     defaults = RolloutSettings()

@@ -1,6 +1,7 @@
-"""When a path of an ARPO tree rollout forks after a tool call, and how a prompt's budget is spent.
+"""When a path of an ARPO tree rollout forks after a tool call: the branching rules.
 
-Per prompt the rollout driver uses this module as follows (ARPO, arXiv 2507.19849, Sec. 3.2):
+Per prompt the rollout driver uses this module and the budget (``core.branch_budget``) as follows
+(ARPO, arXiv 2507.19849, Sec. 3.2):
 
 1. ``budget = BranchBudget(total=M, initial=N, branch_factor=Z)``; sample ``budget.initial``
    trajectories from the prompt.
@@ -20,8 +21,8 @@ The rules are entries of ``BRANCHING_RULES``, chosen by the config's ``branching
 its policy from the rollout settings. ARPO (``ARPOBranchingPolicy``) compares an entropy-driven
 score with a threshold, either deterministically (the paper) or by a coin flip (the reference
 code). AEPO (arXiv 2510.14545, ``AEPOBranchingPolicy``) damps the ARPO rule on paths that keep
-branching; its entropy pre-monitoring (``aepo_global_samples``) decides how many of the M
-trajectories are sampled globally before any branching. ``RandomBranchingPolicy`` forks with a
+branching; its entropy pre-monitoring (``core.branch_budget.aepo_global_samples``) decides how
+many of the M trajectories are sampled globally before any branching. ``RandomBranchingPolicy`` forks with a
 fixed probability whatever the entropy does: the ablation that keeps ARPO's budget and tree and
 removes only the entropy signal.
 """
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -70,7 +71,8 @@ class NoBranching:
         return False
 
 
-def _check_finite(name: str, value: float) -> None:
+def check_finite(name: str, value: float) -> None:
+    """A ValueError naming ``name`` unless ``value`` is a finite number."""
     if not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value}")
 
@@ -103,7 +105,7 @@ class ARPOBranchingPolicy:
 
     def __post_init__(self) -> None:
         for name in ("alpha", "beta", "tau"):
-            _check_finite(name, getattr(self, name))
+            check_finite(name, getattr(self, name))
         if not 0.0 <= self.tau <= 1.0:
             raise ValueError(f"tau must lie in [0, 1], got {self.tau}")
         if self.beta < 0.0:
@@ -114,7 +116,7 @@ class ARPOBranchingPolicy:
     def branch_probability(self, delta_entropy: float, consecutive_branches: int = 0) -> float:
         """P_t = alpha + beta * dH_t (threshold mode) or clip(tau + beta * dH_t, 0, 1) (stochastic);
         ``consecutive_branches`` is unused by ARPO."""
-        _check_finite("delta_entropy", delta_entropy)
+        check_finite("delta_entropy", delta_entropy)
         if self.mode == "threshold":
             return self.alpha + self.beta * delta_entropy
         return min(1.0, max(0.0, self.tau + self.beta * delta_entropy))
@@ -163,7 +165,7 @@ class AEPOBranchingPolicy:
     penalty: float
 
     def __post_init__(self) -> None:
-        _check_finite("penalty", self.penalty)
+        check_finite("penalty", self.penalty)
         if self.penalty < 0.0:
             raise ValueError(f"penalty must be >= 0, got {self.penalty}")
 
@@ -200,7 +202,7 @@ class RandomBranchingPolicy:
     probability: float
 
     def __post_init__(self) -> None:
-        _check_finite("probability", self.probability)
+        check_finite("probability", self.probability)
         if not 0.0 <= self.probability <= 1.0:
             raise ValueError(f"probability must lie in [0, 1], got {self.probability}")
 
@@ -276,112 +278,3 @@ def random_rule(settings) -> RandomBranchingPolicy:
 )
 def no_branching_rule(settings) -> NoBranching:
     return NoBranching()
-
-
-def aepo_global_samples(
-    total_rollouts: int,
-    root_entropy: float,
-    mean_tool_entropy: float,
-    sensitivity: float = 1.0,
-) -> int:
-    """AEPO's entropy pre-monitoring: how many of the M trajectories are sampled globally
-    (arXiv 2510.14545, Sec. "Dynamic Entropy-Balanced Rollout", part "Entropy Pre-Monitoring").
-
-    The paper allocates m of the k = M trajectories to global sampling as
-
-        m = k * sigmoid(beta * (H_root - mean_i H_tool^i))
-
-    with beta the sensitivity; the other M - m come from branching after tool calls. If the
-    question itself is more uncertain than the tool feedback (H_root > mean H_tool), more
-    trajectories are sampled from the root; otherwise more of the budget goes to branching.
-    The paper does not say how m becomes an integer: we round to the nearest (halves up) and
-    keep at least 1 global trajectory (the probe) and at most M, so at a zero gap m = M / 2,
-    ARPO's default N = M / 2. The result is the ``initial`` of a ``BranchBudget``. Entropies
-    are in nats (``core.entropy``), so ``sensitivity`` is per nat.
-    """
-    if total_rollouts < 1:
-        raise ValueError(f"total_rollouts (M={total_rollouts}) must be >= 1")
-    for name, value in (
-        ("root_entropy", root_entropy),
-        ("mean_tool_entropy", mean_tool_entropy),
-        ("sensitivity", sensitivity),
-    ):
-        _check_finite(name, value)
-    if sensitivity < 0.0:
-        raise ValueError(f"sensitivity (b={sensitivity}) must be >= 0")
-    x = sensitivity * (root_entropy - mean_tool_entropy)
-    sigmoid = 0.5 * (1.0 + math.tanh(0.5 * x))  # = 1 / (1 + e^-x), without overflow
-    return min(total_rollouts, max(1, math.floor(total_rollouts * sigmoid + 0.5)))
-
-
-@dataclass
-class BranchBudget:
-    """The rollout budget of one prompt: M trajectories, N of them sampled from the prompt first.
-
-    A *branch* is one extra path forked at a branch point. Branches never exceed M - N, so
-    the paths of the tree never exceed M; ``fill_count`` then tops the prompt up to exactly M.
-
-    Attributes:
-        total: M, the number of trajectories per prompt (config ``total_rollouts``).
-        initial: N, the trajectories sampled from the prompt before any branching
-            (config ``initial_rollouts``), 1 <= N <= M.
-        branch_factor: Z, the number of paths leaving a branch point: the current path plus
-            Z - 1 extra children. Z = 2 (the reference default) forks one extra child per
-            branch point; Z = 1 never branches.
-    """
-
-    total: int
-    initial: int
-    branch_factor: int = 2
-    _branches_used: int = field(default=0, init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if self.initial < 1:
-            raise ValueError(f"initial_rollouts (N={self.initial}) must be >= 1")
-        if self.total < self.initial:
-            raise ValueError(f"total_rollouts (M={self.total}) must be >= initial_rollouts (N={self.initial})")
-        if self.branch_factor < 1:
-            raise ValueError(f"branch_factor (Z={self.branch_factor}) must be >= 1")
-
-    @property
-    def branches_used(self) -> int:
-        """Extra paths forked so far."""
-        return self._branches_used
-
-    @property
-    def branches_remaining(self) -> int:
-        """Extra paths that may still be forked: M - N - branches_used."""
-        return self.total - self.initial - self._branches_used
-
-    @property
-    def num_paths(self) -> int:
-        """Paths started so far: N + branches_used (never more than M)."""
-        return self.initial + self._branches_used
-
-    def children_per_branch(self) -> int:
-        """Z - 1: the extra children forked at one branch point."""
-        return self.branch_factor - 1
-
-    def can_branch(self) -> bool:
-        """True while Z > 1 and at least one branch is left."""
-        return self.children_per_branch() > 0 and self.branches_remaining > 0
-
-    def record_branch(self, requested: int) -> int:
-        """Record a branch point asking for ``requested`` extra children; return how many are granted.
-
-        granted = min(requested, Z - 1, branches_remaining); the driver forks only those.
-        """
-        if requested < 0:
-            raise ValueError(f"requested children must be >= 0, got {requested}")
-        granted = min(requested, self.children_per_branch(), self.branches_remaining)
-        self._branches_used += granted
-        return granted
-
-    def fill_count(self, num_finished: int) -> int:
-        """Fresh trajectories to sample from the prompt once all paths have ended: M - num_finished.
-
-        ``num_finished`` may be below ``num_paths`` when the driver dropped paths.
-        """
-        if not 0 <= num_finished <= self.num_paths:
-            raise ValueError(f"num_finished ({num_finished}) must lie in [0, num_paths={self.num_paths}]")
-        return self.total - num_finished

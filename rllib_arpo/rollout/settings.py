@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rllib_arpo.core.branching import BRANCHING_RULES, BranchBudget, BranchingPolicy, BranchingRule
+from rllib_arpo.core.branch_budget import BranchBudget
+from rllib_arpo.core.branching import BRANCHING_RULES, BranchingPolicy, BranchingRule
 from rllib_arpo.core.settings import setting
 
 

@@ -33,7 +33,8 @@ from collections import Counter
 
 import numpy as np
 
-from rllib_arpo.core.branching import BranchBudget, BranchingPolicy, aepo_global_samples
+from rllib_arpo.core.branch_budget import BranchBudget, aepo_global_samples
+from rllib_arpo.core.branching import BranchingPolicy
 from rllib_arpo.core.entropy import window_mean_entropy
 from rllib_arpo.core.tree import BranchPoint, RolloutTree, SegmentKind
 from rllib_arpo.rollout.engine import Generation, GenerationEngine, SamplingParams

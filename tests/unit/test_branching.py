@@ -3,14 +3,13 @@ import math
 import numpy as np
 import pytest
 
+from rllib_arpo.core.branch_budget import BranchBudget, aepo_global_samples
 from rllib_arpo.core.branching import (
     BRANCHING_RULES,
     AEPOBranchingPolicy,
     ARPOBranchingPolicy,
-    BranchBudget,
     NoBranching,
     RandomBranchingPolicy,
-    aepo_global_samples,
 )
 from rllib_arpo.rollout.settings import RolloutSettings
 

@@ -17,8 +17,9 @@ needs_data = pytest.mark.skipif(not DATA.exists(), reason="ARPO reference data n
 
 def test_core_imports_neither_ray_nor_transformers():
     code = (
-        "import sys, rllib_arpo.core, rllib_arpo.core.advantages, rllib_arpo.core.branching, rllib_arpo.core.dtypes, "
-        "rllib_arpo.core.entropy, rllib_arpo.core.logprobs, rllib_arpo.core.losses, rllib_arpo.core.learner_loss, "
+        "import sys, rllib_arpo.core, rllib_arpo.core.advantages, rllib_arpo.core.branching, "
+        "rllib_arpo.core.branch_budget, rllib_arpo.core.dtypes, rllib_arpo.core.entropy, rllib_arpo.core.logprobs, "
+        "rllib_arpo.core.losses, rllib_arpo.core.learner_loss, "
         "rllib_arpo.core.answers, rllib_arpo.core.correctness, rllib_arpo.core.tir_format, rllib_arpo.core.tree; "
         "print(sorted(m for m in ('ray', 'transformers') if m in sys.modules))"
     )
