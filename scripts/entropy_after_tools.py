@@ -221,7 +221,8 @@ def main() -> None:
     from rllib_arpo.core.branching import NoBranching
     from rllib_arpo.data.loaders.tir_task import tir_task_example
     from rllib_arpo.data.prompts import encode_prompt
-    from rllib_arpo.data.tir_task import TIRTask, demonstration
+    from rllib_arpo.data.tir_solutions import demonstration
+    from rllib_arpo.data.tir_task import TIRTask
     from rllib_arpo.models.catalogue import resolve_model_path
     from rllib_arpo.rollout.hf_engine import HFEngine
     from rllib_arpo.rollout.settings import RolloutSettings

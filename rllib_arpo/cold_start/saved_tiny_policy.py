@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2ForCausalLM
 
-from rllib_arpo.cold_start.sft import fresh_demonstrations, warm_start
+from rllib_arpo.cold_start.sft import warm_start
+from rllib_arpo.cold_start.task_demonstrations import fresh_demonstrations
 from rllib_arpo.models.cache import build_once
 from rllib_arpo.models.tiny_policy import build_tiny_policy, build_tokenizer
 
@@ -25,7 +26,7 @@ VOCAB_SIZE = 512
 SFT_STEPS = 2000
 """Warm-start SFT steps of the saved tiny policy (timings: docs/benchmarks.md)."""
 COPY_DRILL_STEPS = 1000
-"""Copy-drill steps before the SFT (``cold_start.sft``)."""
+"""Copy-drill steps before the SFT (``cold_start.copy_drill``)."""
 
 
 def tokenizer_texts(seed: int = 0) -> list[str]:

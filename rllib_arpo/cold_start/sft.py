@@ -1,33 +1,12 @@
 """Cold-start SFT: teach a policy the TIR tag format on generated demonstration transcripts.
 
 ARPO first fine-tunes the base model on tool-use transcripts, then runs RL (arXiv 2507.19849,
-Sec. 4.1). For the embedded tiny policy the transcripts come from ``tir_task.demonstration``
-in a mix of qualities: mostly perfect ones, and some with a skipped tool and a guessed answer, a
-stop right after the first tool result, or an arithmetic slip. Every transcript is for a freshly
-generated question over its own freshly generated knowledge base (``fresh_demonstrations``) and
-is seen once: with new names and numbers every time the policy cannot memorise transcripts and
-has to learn to copy (the entity name into the query, the looked-up number into the code, the
-result into the answer). The warm-started policy therefore follows the format but is far from
-always right, which leaves RL something to improve.
-
-Copying is learned first, on a drill: ``copy_drill_sequences`` asks the policy to repeat strings of
-random tokens. A 2-layer policy trained on transcripts alone barely learns in-context copying in a
-few thousand steps (about 20% of the digits it has to copy are right, teacher-forced, after 2000
-steps), because copying needs induction heads (a head that attends to the token after an earlier
-occurrence of the current token, and one that moves each token's predecessor into it) and the
-transcripts' copied tokens are a small share of their loss. On the drill every trained token is a
-copy, the heads form within about 600 steps, and the transcript SFT after it reaches 99.7% of the
-digits right.
-
-Each training sequence is tokenised the way the tree rollout builds it: the prompt as the model
-reads it (``data.prompts.encode_prompt``: a chat model's own chat template with ARPO's system
-prompt, the tiny policy's plain ``"Question: ...\nAnswer: "``), then the model's text up to
-each tool's closing tag, then the tool segment
-``encode(" <result>") + encode(text)[:max_tool_result_tokens] + encode("</result>")``, and so on,
-then EOS (a chat model's end-of-turn token). The loss mask is 0 on the prompt and on every tool
-segment (exactly the TOOL segments the RL loss masks) and 1 on the model's own tokens and the
-EOS. The loss is the token-level mean of the next-token cross entropy over the trained tokens of
-a batch:
+Sec. 4.1). For the embedded tiny policy ``warm_start`` trains on a copy drill first
+(``cold_start.copy_drill``: copying needs induction heads, which transcripts alone barely form),
+then on demonstrations of the embedded task in a mix of qualities, each drawn fresh and seen once
+(``cold_start.task_demonstrations``). Each sequence is tokenised the way the tree rollout builds
+it, its loss mask 1 on the model's own tokens and the EOS only (``cold_start.transcripts``). The
+loss is the token-level mean of the next-token cross entropy over the trained tokens of a batch:
 
     L = - sum_{i, t} m_{i,t} log pi(y_{i,t} | y_{i,<t}) / sum_{i, t} m_{i,t}
 
@@ -38,10 +17,7 @@ demonstrations, and on the reference training set's questions that the search ca
 
 from __future__ import annotations
 
-import ast
 import contextlib
-import operator
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -50,175 +26,16 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from rllib_arpo.cold_start.copy_drill import copy_drill_sequences
+from rllib_arpo.cold_start.task_demonstrations import DEFAULT_QUALITY_MIX, demonstration_sequences
+from rllib_arpo.cold_start.transcripts import MAX_TOOL_RESULT_TOKENS, Demonstration, SFTSequence
 from rllib_arpo.core.logprobs import chunked_token_logprobs
-from rllib_arpo.data.examples import PromptExample
-from rllib_arpo.data.loaders.tir_task import tir_task_example
-from rllib_arpo.data.prompts import encode_prompt
-from rllib_arpo.data.tir_task import DEMONSTRATION_QUALITIES, TaskVariant, TIRTask, demonstration
+from rllib_arpo.data.tir_task import TaskVariant
 from rllib_arpo.hardware import compute_threads
 from rllib_arpo.models.optimizers import build_optimizer
-from rllib_arpo.tools.base import RESULT_CLOSE, RESULT_OPEN, encode_tool_result
-from rllib_arpo.tools.search import SearchTool
-
-DEFAULT_QUALITY_MIX: dict[str, float] = {
-    "perfect": 0.55,
-    "skipped_tool": 0.2,
-    "stopped_early": 0.05,
-    "arithmetic_slip": 0.2,
-}
-"""Share of each demonstration quality in the SFT data (see ``tir_task.demonstration``)."""
-
-COPY_DRILL_PROMPT = "Question: Repeat "
-COPY_DRILL_ANSWER = "\nAnswer: "
-COPY_DRILL_LENGTHS = (4, 12)
-"""A copy drill repeats a string of 4 to 11 random tokens (``copy_drill_sequences``)."""
-
-MAX_TOOL_RESULT_TOKENS = 96
-"""Tool results are cut to this many tokens, as the rollout of ``tuned_examples/arpo_tiny.yaml`` does."""
 
 LENGTH_POOL_BATCHES = 16
 """Batches cut from one length-sorted pool of sequences (``length_pooled_batches``)."""
-
-_TOOL_RESULT = re.compile(f"{re.escape(RESULT_OPEN)}(.*?){re.escape(RESULT_CLOSE)}", re.DOTALL)
-_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
-
-
-@dataclass(frozen=True)
-class SFTSequence:
-    """One training sequence: token ids and a loss mask (1 where the token is a trained target)."""
-
-    input_ids: list[int]
-    loss_mask: list[int]
-
-
-Demonstration = tuple[PromptExample, str]
-"""A prompt and the response a demonstrator writes for it (tool results included)."""
-
-
-def encode_transcript(
-    tokenizer: PreTrainedTokenizerBase,
-    prompt_ids: list[int],
-    transcript: str,
-    max_tool_result_tokens: int = MAX_TOOL_RESULT_TOKENS,
-) -> SFTSequence:
-    """Tokenise prompt + transcript + EOS as the tree rollout would, segment by segment (module
-    docstring); mask 0 on the prompt and on every `` <result>...</result>`` tool segment."""
-
-    def encode(text: str) -> list[int]:
-        return tokenizer.encode(text, add_special_tokens=False)
-
-    ids = list(prompt_ids)
-    mask = [0] * len(ids)
-    position = 0
-    for result in _TOOL_RESULT.finditer(transcript):
-        model_ids = encode(transcript[position : result.start()])
-        tool_ids = encode_tool_result(tokenizer, result.group(1), max_tool_result_tokens)
-        ids += model_ids + tool_ids
-        mask += [1] * len(model_ids) + [0] * len(tool_ids)
-        position = result.end()
-    model_ids = encode(transcript[position:]) + [tokenizer.eos_token_id]
-    return SFTSequence(ids + model_ids, mask + [1] * len(model_ids))
-
-
-def encode_demonstration(
-    tokenizer: PreTrainedTokenizerBase, demonstration: Demonstration, max_tool_result_tokens: int
-) -> SFTSequence:
-    """``encode_transcript`` of a demonstration, its prompt as the model reads it (``encode_prompt``)."""
-    example, transcript = demonstration
-    return encode_transcript(tokenizer, encode_prompt(tokenizer, example), transcript, max_tool_result_tokens)
-
-
-def evaluate_arithmetic(code: str) -> str:
-    """What the Python tool answers for a demonstration's own arithmetic (integer literals, ``+``,
-    ``-``, ``*`` and parentheses): the value's ``repr``, the interpreter's echo of a final
-    expression. Computed in process, where the sandbox would start a subprocess for every call;
-    any other code raises ValueError."""
-    return repr(_arithmetic_value(ast.parse(code.strip(), mode="eval").body))
-
-
-def _arithmetic_value(node: ast.expr) -> int:
-    if isinstance(node, ast.Constant) and type(node.value) is int:
-        return node.value
-    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-        return _OPERATORS[type(node.op)](_arithmetic_value(node.left), _arithmetic_value(node.right))
-    raise ValueError(f"not integer arithmetic: {ast.unparse(node)!r}")
-
-
-def fresh_demonstrations(
-    count: int,
-    rng: np.random.Generator,
-    quality_mix: Mapping[str, float],
-    *,
-    questions_per_task: int = 256,
-    num_entities: int = 256,
-    variant: TaskVariant = "plain",
-) -> list[Demonstration]:
-    """``count`` demonstrations, each for a question drawn fresh, so no transcript repeats.
-
-    The questions come from new tasks ``TIRTask(seed)`` with seeds drawn from ``rng`` in
-    [2**32, 2**63) (so never a small task seed a run trains or evaluates on), ``questions_per_task``
-    train questions each over their own knowledge base of ``num_entities`` entities, of the task
-    ``variant`` (``tir_task.TASK_VARIANTS``): new names and numbers every time. The tools are the
-    training-time ones for that task, BM25 search over its corpus with the top 2 pages, and
-    ``evaluate_arithmetic`` in place of the sandbox (the same answers). Each demonstration's
-    quality is drawn from ``quality_mix`` (weights, normalised); questions the tools cannot answer
-    (``demonstration`` raises) are skipped.
-    """
-    unknown = set(quality_mix) - set(DEMONSTRATION_QUALITIES)
-    if unknown:
-        raise ValueError(f"unknown demonstration qualities {sorted(unknown)}; choose from {DEMONSTRATION_QUALITIES}")
-    names = list(quality_mix)
-    weights = np.array([quality_mix[name] for name in names], dtype=float)
-    pairs: list[Demonstration] = []
-    while len(pairs) < count:
-        task = TIRTask(
-            seed=int(rng.integers(2**32, 2**63)),
-            num_entities=num_entities,
-            num_train=questions_per_task,
-            num_valid=0,
-            num_test=0,
-            variant=variant,
-        )
-        search = SearchTool(backend="bm25", documents=task.corpus(), top_k=2)
-        for example in task.split("train")[: count - len(pairs)]:
-            quality = str(rng.choice(names, p=weights / weights.sum()))
-            try:
-                transcript = demonstration(example, rng, quality, search=search, python=evaluate_arithmetic)
-            except ValueError:
-                continue
-            pairs.append((tir_task_example(example), transcript))
-    return pairs
-
-
-def sft_dataset(
-    tokenizer: PreTrainedTokenizerBase,
-    rng: np.random.Generator,
-    quality_mix: Mapping[str, float],
-    num_sequences: int,
-    *,
-    max_tool_result_tokens: int = MAX_TOOL_RESULT_TOKENS,
-    variant: TaskVariant = "plain",
-) -> list[SFTSequence]:
-    """``num_sequences`` ``fresh_demonstrations`` of the task ``variant``, tokenised by ``encode_transcript``."""
-    pairs = fresh_demonstrations(num_sequences, rng, quality_mix, variant=variant)
-    return [encode_demonstration(tokenizer, pair, max_tool_result_tokens) for pair in pairs]
-
-
-def copy_drill_sequences(tokenizer: PreTrainedTokenizerBase, rng: np.random.Generator, count: int) -> list[SFTSequence]:
-    """``count`` copy drills: ``"Question: Repeat " + s + "\nAnswer: " + s + EOS`` for a string ``s``
-    of ``COPY_DRILL_LENGTHS`` random tokens of the base vocabulary (special tokens and the added
-    tags excluded), trained (mask 1) on the repeated ``s`` and the EOS only."""
-    special = set(tokenizer.all_special_ids)
-    pool = np.array([i for i in range(tokenizer.vocab_size) if i not in special])
-    prompt = tokenizer.encode(COPY_DRILL_PROMPT, add_special_tokens=False)
-    answer = tokenizer.encode(COPY_DRILL_ANSWER, add_special_tokens=False)
-    sequences = []
-    for _ in range(count):
-        tokens = rng.choice(pool, size=int(rng.integers(*COPY_DRILL_LENGTHS))).tolist()
-        context = prompt + tokens + answer
-        copy = tokens + [tokenizer.eos_token_id]
-        sequences.append(SFTSequence(context + copy, [0] * len(context) + [1] * len(copy)))
-    return sequences
 
 
 def length_pooled_batches(lengths: list[int], batch_size: int, rng: np.random.Generator) -> list[list[int]]:
@@ -351,13 +168,28 @@ def warm_start(
         ("copy drill", [drills[i : i + batch_size] for i in range(0, len(drills), batch_size)], lambda step: 1.0),
         ("warm-start SFT", [[dataset[i] for i in batch] for batch in demonstration_batches], warmup_then_decay(steps)),
     ]
+    return train_phases(model, phases, tokenizer.pad_token_id, lr, num_threads, progress, memory, optimizer_states)
+
+
+def train_phases(
+    model: PreTrainedModel,
+    phases: Sequence[tuple[str, Sequence[list[SFTSequence]], Callable[[int], float]]],
+    pad_token_id: int,
+    lr: float,
+    num_threads: int | None,
+    progress: bool,
+    memory: MemoryLayout,
+    optimizer_states: str,
+) -> list[float]:
+    """``train_phase`` of each ``(name, batches, lr_scale)`` of ``phases`` in turn, inside
+    ``training_mode``; the loss of every step."""
     losses: list[float] = []
     with training_mode(model, num_threads, memory.gradient_checkpointing):
         for name, batches, lr_scale in phases:
             losses += train_phase(
                 model,
                 batches,
-                tokenizer.pad_token_id,
+                pad_token_id,
                 lr=lr,
                 lr_scale=lr_scale,
                 name=name,
@@ -366,32 +198,6 @@ def warm_start(
                 optimizer_states=optimizer_states,
             )
     return losses
-
-
-def demonstration_sequences(
-    tokenizer: PreTrainedTokenizerBase,
-    rng: np.random.Generator,
-    count: int,
-    quality_mix: Mapping[str, float],
-    demonstrations: Sequence[Demonstration],
-    *,
-    max_tool_result_tokens: int,
-    variant: TaskVariant,
-) -> list[SFTSequence]:
-    """The ``count`` sequences of the demonstration phase: the given ``demonstrations`` and as many
-    fresh ones (``sft_dataset``) as fill ``count``, shuffled together when there are given ones."""
-    dataset = sft_dataset(
-        tokenizer,
-        rng,
-        quality_mix,
-        count - len(demonstrations),
-        max_tool_result_tokens=max_tool_result_tokens,
-        variant=variant,
-    )
-    if demonstrations:
-        dataset += [encode_demonstration(tokenizer, pair, max_tool_result_tokens) for pair in demonstrations]
-        dataset = [dataset[i] for i in rng.permutation(len(dataset))]
-    return dataset
 
 
 def warmup_then_decay(steps: int) -> Callable[[int], float]:

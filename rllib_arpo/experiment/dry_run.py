@@ -228,7 +228,8 @@ def reference_response_tokens(config: Any, tokenizer, spec: dict) -> dict[str, l
     policy to answer the reference way. Its tools answer in process: Python computes integer
     arithmetic, search (where the dataset brings a corpus) is BM25 over it with the run's ``top_k``,
     as in training."""
-    from rllib_arpo.cold_start.sft import encode_transcript, evaluate_arithmetic
+    from rllib_arpo.cold_start.task_demonstrations import evaluate_arithmetic
+    from rllib_arpo.cold_start.transcripts import encode_transcript
     from rllib_arpo.data.prompts import encode_prompt
     from rllib_arpo.data.registry import DATASET_LOADERS, dataset_documents
     from rllib_arpo.tools.search import SearchTool

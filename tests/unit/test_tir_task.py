@@ -3,26 +3,14 @@ import re
 import numpy as np
 import pytest
 
-from rllib_arpo.cold_start.sft import evaluate_arithmetic
+from rllib_arpo.cold_start.task_demonstrations import evaluate_arithmetic
 from rllib_arpo.core.answers import extract_answer
 from rllib_arpo.core.tir_format import validate_format
 from rllib_arpo.data.registry import dataset_documents, load_dataset
-from rllib_arpo.data.tir_task import (
-    DEMONSTRATION_QUALITIES,
-    QUESTION_KINDS,
-    SPLIT_NAMES,
-    TASK_VARIANTS,
-    TRAP_KINDS,
-    Entity,
-    Fact,
-    TIRExample,
-    TIRTask,
-    Trap,
-    demonstration,
-    format_prompt,
-    is_answerable,
-    reference_solution,
-)
+from rllib_arpo.data.tir_questions import QUESTION_KINDS, Fact, TIRExample
+from rllib_arpo.data.tir_solutions import DEMONSTRATION_QUALITIES, demonstration, is_answerable, reference_solution
+from rllib_arpo.data.tir_task import SPLIT_NAMES, TASK_VARIANTS, TIRTask, format_prompt
+from rllib_arpo.data.tir_world import TRAP_KINDS, Entity, Trap
 from rllib_arpo.tools.base import find_tool_call
 from rllib_arpo.tools.python_sandbox import PythonTool
 from rllib_arpo.tools.search import NO_RESULTS, SearchTool

@@ -5,23 +5,20 @@ import pytest
 import torch
 
 import rllib_arpo.tools  # noqa: F401  (registers the tools)
+from rllib_arpo.cold_start.copy_drill import COPY_DRILL_ANSWER, COPY_DRILL_PROMPT, copy_drill_sequences
 from rllib_arpo.cold_start.sft import (
-    COPY_DRILL_ANSWER,
-    COPY_DRILL_PROMPT,
     LENGTH_POOL_BATCHES,
     MemoryLayout,
-    copy_drill_sequences,
-    encode_transcript,
-    evaluate_arithmetic,
-    fresh_demonstrations,
     length_pooled_batches,
     pad_batch,
-    sft_dataset,
     sft_loss,
     warm_start,
 )
+from rllib_arpo.cold_start.task_demonstrations import evaluate_arithmetic, fresh_demonstrations, sft_dataset
+from rllib_arpo.cold_start.transcripts import encode_transcript
 from rllib_arpo.data.examples import PromptExample
-from rllib_arpo.data.tir_task import SPLIT_NAMES, TIRExample, TIRTask, format_prompt
+from rllib_arpo.data.tir_questions import TIRExample
+from rllib_arpo.data.tir_task import SPLIT_NAMES, TIRTask, format_prompt
 from rllib_arpo.eval.evaluate import evaluate_policy
 from rllib_arpo.models.tiny_policy import TAG_TOKENS, build_tiny_policy, build_tokenizer
 from rllib_arpo.rewards.settings import RewardSettings

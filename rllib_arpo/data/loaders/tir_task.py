@@ -4,7 +4,7 @@
 whose search results leave the next step open (near-namesakes, outdated figures, renamed
 entities), with its own knowledge base and splits. Its held-out split is ``test``, it brings
 its knowledge base as the search tool's corpus, and its reference solutions are the task's own
-(``data.tir_task.demonstration``). An example's source is its question kind (``search``,
+(``data.tir_solutions.demonstration``). An example's source is its question kind (``search``,
 ``python``, ...), the name of its per-source metrics.
 
 The questions are chat messages (ARPO's system prompt, then the question), so a chat model reads
@@ -22,7 +22,9 @@ import numpy as np
 from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.data.prompts import TIR_SYSTEM_PROMPT, tir_messages
 from rllib_arpo.data.registry import DATASET_LOADERS, ReferenceResponse, ToolFunction
-from rllib_arpo.data.tir_task import TIRExample, TIRTask, demonstration, format_prompt
+from rllib_arpo.data.tir_questions import TIRExample
+from rllib_arpo.data.tir_solutions import demonstration
+from rllib_arpo.data.tir_task import TIRTask, format_prompt
 
 
 def tir_task_of_spec(spec: Mapping[str, Any]) -> TIRTask:
