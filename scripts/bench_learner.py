@@ -176,7 +176,7 @@ def rollout_batch(experiment_file: str, model_path: str, prompts: int) -> dict[s
     config.update_from_dict({"prompts_per_env_runner": prompts})
     algo = config.build_algo()
     try:
-        [rollouts] = algo.sample_rollouts()
+        [rollouts] = algo.sampling.sample_rollouts()
     finally:
         algo.stop()
     options = ADVANTAGE_ESTIMATORS.get(config.advantage_estimator).options_from(config)

@@ -7,15 +7,16 @@ learner, per phase of the iteration, and the engine's processes beside it.
 
 Runs the experiment's config in this process (local EnvRunner, local learner: the layout of the
 SmolLM2 recipe, whose ``ray::ARPO.train`` process holds both), with ``--config`` overrides and no
-held-out evaluation unless ``--held-out``. Each phase is a method of the algorithm or its learner
-(``PHASES``) wrapped so that on entry the kernel's peak counter of this process is reset
-(``/proc/self/clear_refs``) and on exit read (``VmHWM``): the table gives, per phase, its calls,
-the resident memory on entry and the peak while it ran (the largest over its calls), and the
-peak's rise over the entry. A phase nested in another is listed under it; the outer phase's peak
-includes the inner's. ``setup`` is the algorithm's construction (Ray, the policy, the reference
-model, the EnvRunner and its engine). The engine's own processes (vLLM's EngineCore and worker)
-are listed by their resident memory at the end. The seconds of each phase, with the rollouts'
-generation and tool seconds (the EnvRunner's metrics) in the title, are the iteration's profile.
+held-out evaluation unless ``--held-out``. Each phase is a method of the algorithm, of an object it
+uses (``algo.sampling``, ``algo.held_out_evaluation``) or of its learner (``PHASES``) wrapped so
+that on entry the kernel's peak counter of this process is reset (``/proc/self/clear_refs``) and on
+exit read (``VmHWM``): the table gives, per phase, its calls, the resident memory on entry and the
+peak while it ran (the largest over its calls), and the peak's rise over the entry. A phase nested
+in another is listed under it; the outer phase's peak includes the inner's. ``setup`` is the
+algorithm's construction (Ray, the policy, the reference model, the EnvRunner and its engine). The
+engine's own processes (vLLM's EngineCore and worker) are listed by their resident memory at the
+end. The seconds of each phase, with the rollouts' generation and tool seconds (the EnvRunner's
+metrics) in the title, are the iteration's profile.
 
 ``--cold-start MODEL`` measures ``rllib cold-start MODEL`` instead (``cold_start.sft.cold_start``,
 ``--steps`` steps of batch 8 on the embedded task's demonstrations, no reference set), its
@@ -124,8 +125,8 @@ class, between torch's global optimizer step hooks."""
 
 PHASES = (
     ("algorithm", "training_step", "iteration"),
-    ("algorithm", "evaluate_held_out", "held-out evaluation"),
-    ("algorithm", "sample_rollouts", "rollout (generation, tools, rewards)"),
+    ("held_out_evaluation", "run", "held-out evaluation"),
+    ("sampling", "sample_rollouts", "rollout (generation, tools, rewards)"),
     ("algorithm", "sync_policy_weights", "weight sync"),
     ("learner", "update", "learner update"),
     ("learner", "_recompute_old_logprobs", "old log-probs (no grad)"),
@@ -194,7 +195,12 @@ def measure_training(args: argparse.Namespace, peaks: PhasePeaks) -> tuple[str, 
     peaks.enter("setup (Ray, policy, reference, EnvRunner, engine)")
     algo = config.build_algo()
     peaks.leave()
-    owners = {"algorithm": algo, "learner": algo.learner_group._learner}
+    owners = {
+        "algorithm": algo,
+        "sampling": algo.sampling,
+        "held_out_evaluation": algo.held_out_evaluation,
+        "learner": algo.learner_group._learner,
+    }
     for owner, method, name in PHASES:
         peaks.wrap(owners[owner], method, name)
     runner_seconds = {"generation_s": 0.0, "tool_s": 0.0}

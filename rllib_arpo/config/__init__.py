@@ -8,5 +8,6 @@
 - ``rllib_fields``: RLlib's own fields that ARPO reads, their types and ranges;
 - ``reference``: the configuration reference (docs/configuration.md) from the fields' docs;
 - ``rules``: the one validation of a config (every group, then the rules between groups);
-- ``family``: the family's members by name (ARPO, AEPO, GRPO, DAPO, ...): papers and defaults.
+- ``family``: the family's members by name (ARPO, AEPO, GRPO, DAPO, ...): papers and defaults;
+- ``group_setters``: ``ARPOConfig``'s fluent setters, one per field group (``.policy(...)``, ...).
 """

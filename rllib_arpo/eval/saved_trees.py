@@ -13,9 +13,9 @@ times ``step_weight``, to the hard advantage; the tree and rewards alone give it
 whatever the estimator.
 
 During training the driver appends one line per iteration to ``SAVED_TREES_FILE`` in the trial's
-directory: ``{"iteration": k, "weights_version": v, "trees": [record, ...]}`` for the first
-``saved_trees`` prompts of the batch. A resumed run appends the iterations it runs again; a
-reader keeps the last line of each iteration (``read_saved_trees``).
+directory (``SavedTreesWriter``): ``{"iteration": k, "weights_version": v, "trees": [record, ...]}``
+for the first ``saved_trees`` prompts of the batch. A resumed run appends the iterations it runs
+again; a reader keeps the last line of each iteration (``read_saved_trees``).
 """
 
 from __future__ import annotations
@@ -121,6 +121,41 @@ def append_saved_trees(path: Path, iteration: int, weights_version: int, trees: 
     line = json.dumps({"iteration": iteration, "weights_version": weights_version, "trees": trees}, ensure_ascii=False)
     with open(path, "a", encoding="utf-8", errors="backslashreplace") as file:
         file.write(line + "\n")
+
+
+class SavedTreesWriter:
+    """Appends an iteration's trees to ``SAVED_TREES_FILE``, decoded with the tokenizer of
+    ``model_path`` (the policy's), loaded on first use."""
+
+    def __init__(self, model_path: str | None) -> None:
+        self.model_path = model_path
+        self.tokenizer = None
+
+    def append(self, trial_directory: Path, iteration: int, weights_version: int, groups, attributed) -> None:
+        """The trees of ``groups`` (the first prompt groups of the batch: ``runtime.prompt_groups``'
+        ``PromptGroup``) with their rewards and the advantage attribution of every span
+        (``attributed``, ``core.advantages.AttributedRows``: the batch's rows, those of ``groups``
+        first), as iteration ``iteration``'s line of ``trial_directory``'s ``SAVED_TREES_FILE``."""
+        if self.tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        records, first_row = [], 0
+        for group in groups:
+            rows = slice(first_row, first_row + group.tree.num_trajectories)
+            first_row = rows.stop
+            attribution = span_attribution(group.tree, attributed.rows[rows], attributed.advantages[rows])
+            records.append(
+                tree_record(
+                    group.tree,
+                    self.tokenizer.decode,
+                    group.rewards,
+                    group.correctness,
+                    attribution,
+                    group.ground_truth,
+                )
+            )
+        append_saved_trees(trial_directory / SAVED_TREES_FILE, iteration, weights_version, records)
 
 
 def read_saved_trees(path: Path) -> tuple[dict[int, dict], int]:

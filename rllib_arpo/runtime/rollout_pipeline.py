@@ -24,8 +24,8 @@ that request. So:
 Nothing is lost or trained twice: ``ARPO.data_positions`` records an EnvRunner's data position
 when one of its batches reaches the learner, so after an EnvRunner's restart the requests that
 were in flight are sampled again from there (``forget``). A checkpoint waits for the requests in
-flight and keeps their batches (``ARPO.get_state``), so a resumed run trains the very batches an
-uninterrupted one does, sampled with the same older weights.
+flight and keeps their batches (``sampled_ahead``, in ``ARPO.get_state``), so a resumed run trains
+the very batches an uninterrupted one does, sampled with the same older weights.
 """
 
 from __future__ import annotations
@@ -156,6 +156,22 @@ class RolloutPipeline:
         to other data positions, e.g. by a restore)."""
         self.wait_for_in_flight(env_runner_group, timeout_s)
         self.forget(list(self.in_flight) + list(self.finished))
+
+    def sampled_ahead(self, env_runner_group, timeout_s: float) -> dict[int, list[RolloutBatch | SampleFailure]]:
+        """The batches sampled ahead and not trained yet, by EnvRunner, once every request in
+        flight has finished. A checkpoint keeps them: sampled again after a restore, they would be
+        sampled with the restored weights, not the K versions older ones an uninterrupted run
+        trains them with."""
+        self.wait_for_in_flight(env_runner_group, timeout_s)
+        return {runner: list(results) for runner, results in self.finished.items()}
+
+    def keep_sampled_ahead(self, pipelined: dict[int, list], weights_version: int) -> None:
+        """After a restore to ``weights_version``: the batches a checkpoint kept (``sampled_ahead``)
+        as the finished ones, to be trained next; those sampled ahead under a larger
+        ``max_staleness`` than this run's are sampled again."""
+        versions = [r.weights_version for results in pipelined.values() for r in results if isinstance(r, RolloutBatch)]
+        if all(weights_version - v <= self.max_staleness for v in versions):
+            self.finished = {runner: list(results) for runner, results in pipelined.items()}
 
     def _forget_unhealthy(self, env_runner_group) -> set[int]:
         """Forget the EnvRunners Ray has marked unhealthy (it dropped their requests); returns the

@@ -13,7 +13,7 @@ import pytest
 import torch
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
-from rllib_arpo.algorithm import TRAINABLES, fill_batch
+from rllib_arpo.algorithm import TRAINABLES
 from rllib_arpo.config.family import FAMILY
 from rllib_arpo.core.advantages import compute_advantages
 from rllib_arpo.core.learner_loss import compute_policy_loss
@@ -23,6 +23,7 @@ from rllib_arpo.rewards.overlong import overlong_penalty
 from rllib_arpo.rewards.scores import RewardBreakdown
 from rllib_arpo.rewards.settings import RewardSettings
 from rllib_arpo.rollout.scoring import training_rewards
+from rllib_arpo.runtime.prompt_groups import fill_batch
 
 NAMES = ["ARPO", "AEPO", "GRPO", "DAPO", "REINFORCE++", "LOOP", "DrGRPO", "GPPO", "CISPO"]
 

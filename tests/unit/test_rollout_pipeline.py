@@ -71,3 +71,18 @@ def test_a_batch_more_than_k_versions_stale_is_refused():
         batch_staleness(batches, weights_version=6, max_staleness=2)
     with pytest.raises(RuntimeError, match=r"EnvRunner 1 .* 1 behind the learner's 6 \(max_staleness 0\)"):
         batch_staleness(batches[:1], weights_version=6, max_staleness=0)
+
+
+def test_a_checkpoint_keeps_the_batches_sampled_ahead_and_a_restore_takes_them_back_within_k():
+    group, pipeline = EnvRunnerGroupStandIn([1]), RolloutPipeline(max_staleness=1)
+    pipeline.in_flight[1] = 1
+    group.fetches = [[(1, batch(1, 4, weights_version=3))]]
+    kept = pipeline.sampled_ahead(group, timeout_s=10)  # waits for the request in flight
+    assert not any(pipeline.in_flight.values()) and [b.position.samples for b in kept[1]] == [4]
+    restored = RolloutPipeline(max_staleness=1)
+    restored.keep_sampled_ahead(kept, weights_version=4)
+    assert restored.finished == kept and restored.finished[1] is not kept[1]
+    # sampled ahead under a larger max_staleness than this run's: sampled again instead
+    stricter = RolloutPipeline(max_staleness=1)
+    stricter.keep_sampled_ahead(kept, weights_version=5)
+    assert stricter.finished == {}
