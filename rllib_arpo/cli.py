@@ -39,7 +39,7 @@ from rllib_arpo.core.user_imports import UserImports, import_user_modules
 from rllib_arpo.data.tir_task import TASK_VARIANTS
 from rllib_arpo.experiment.checks import ConfigError
 from rllib_arpo.experiment.file import grid_size, is_search_space, load_experiments
-from rllib_arpo.gpu_check import PIECES as GPU_CHECK_PIECES
+from rllib_arpo.gpu_check.pieces import PIECES as GPU_CHECK_PIECES
 from rllib_arpo.models.optimizers import OPTIMIZER_STATES
 
 DEFAULT_STORAGE = "~/ray_results"
@@ -458,9 +458,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_gpu(args: argparse.Namespace) -> int:
-    """``rllib check-gpu``: the pieces of ``gpu_check.PIECES`` (or ``--only`` those), in order, on
-    the devices ``--device`` and ``--engine`` name."""
-    from rllib_arpo.gpu_check import devices_for, run_checks
+    """``rllib check-gpu``: the pieces of ``gpu_check.pieces.PIECES`` (or ``--only`` those), in order,
+    on the devices ``--device`` and ``--engine`` name."""
+    from rllib_arpo.gpu_check.devices import devices_for
+    from rllib_arpo.gpu_check.runner import run_checks
 
     pieces = [GPU_CHECK_PIECES[name] for name in args.only or GPU_CHECK_PIECES]
     return run_checks(pieces, args.model, args.json, devices_for(args.device, args.engine))

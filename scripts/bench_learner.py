@@ -24,7 +24,7 @@ Model FLOPs utilisation (MFU): the model FLOPs of an update, 6 N per token laid 
 weights of every matrix product, the output head included, the embedding lookup not; forward 2 N,
 backward 4 N; attention's own products, a few percent at these lengths, left out), per second,
 against the matrix-multiply rate measured in the same run on the same device in the same dtype
-(``gpu_check.matmul_rate``; on a CPU with as many threads as a learner has), per learner.
+(``gpu_check.cuda_torch.matmul_rate``; on a CPU with as many threads as a learner has), per learner.
 ``--profile N``: one more update of a one-learner case under torch's profiler, its top N operators
 by their own time (what stands between the MFU and the ceiling). ``--fields``: more config fields
 for every case, e.g. ``{"kl_coef": 0.1, "gradient_checkpointing": true}``.
@@ -427,11 +427,11 @@ def profile_update(batch: dict[str, np.ndarray], top: int) -> Callable:
 
 
 def matmul_ceiling(device: str, dtype: str, size: int, cpu_threads: int) -> float:
-    """TFLOP/s of a ``size``^3 product in ``dtype`` on ``device`` (``gpu_check.matmul_rate``); on a CPU
+    """TFLOP/s of a ``size``^3 product in ``dtype`` on ``device`` (``gpu_check.cuda_torch.matmul_rate``); on a CPU
     with ``cpu_threads`` torch threads, as a learner has."""
     import torch
 
-    from rllib_arpo.gpu_check import matmul_rate
+    from rllib_arpo.gpu_check.cuda_torch import matmul_rate
 
     threads = torch.get_num_threads()
     if device == "cpu":

@@ -8,7 +8,10 @@ from dataclasses import replace
 
 import pytest
 
-from rllib_arpo.gpu_check import CPU, CheckFailed, check_learner_update, check_learners, check_throughput
+from rllib_arpo.gpu_check.devices import CPU
+from rllib_arpo.gpu_check.learners import check_learner_update, check_learners
+from rllib_arpo.gpu_check.outcomes import CheckFailed
+from rllib_arpo.gpu_check.throughput import check_throughput
 
 
 def test_two_learners_that_update_as_one_pass(ray_session, tiny_model_path):
@@ -54,15 +57,15 @@ def test_deepspeed_in_bfloat16_starts_from_the_weights_loaded(ray_session, tiny_
 
 
 def test_a_learner_that_trains_on_half_the_batch_fails(ray_session, tiny_model_path, monkeypatch):
-    from rllib_arpo import gpu_check
+    from rllib_arpo.gpu_check import learners
 
-    one_update = gpu_check._one_update
+    one_update = learners._one_update
 
     def compared_on_half_the_rows(path, batch, devices, float64=False, **learners):
         if not float64:
             batch = {key: value[: len(value) // 2] for key, value in batch.items()}
         return one_update(path, batch, devices, float64, **learners)
 
-    monkeypatch.setattr(gpu_check, "_one_update", compared_on_half_the_rows)
+    monkeypatch.setattr(learners, "_one_update", compared_on_half_the_rows)
     with pytest.raises(CheckFailed, match="the torch learner's update in float32 differs from float64's"):
         check_learner_update(tiny_model_path, CPU)

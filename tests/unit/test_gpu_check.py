@@ -15,26 +15,20 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rllib_arpo import cli, gpu_check
-from rllib_arpo.gpu_check import (
-    BF16_UNIT_ROUNDOFF,
-    CPU,
-    GPU,
-    MATMUL_RTOL,
-    MEMORY_FIXED_BYTES,
-    PIECES,
-    CheckFailed,
-    Piece,
-    Skip,
-    check_cuda_torch,
+from rllib_arpo import cli
+from rllib_arpo.gpu_check import cuda_torch, engines, learner_runs
+from rllib_arpo.gpu_check.cuda_torch import BF16_UNIT_ROUNDOFF, MATMUL_RTOL, check_cuda_torch
+from rllib_arpo.gpu_check.devices import CPU, GPU
+from rllib_arpo.gpu_check.engines import (
     check_engine_generation,
     check_lora_sync,
     check_nccl_broadcast,
-    compare_memory,
-    run_checks,
-    run_piece,
     save_perturbed_model,
 )
+from rllib_arpo.gpu_check.learner_memory import MEMORY_FIXED_BYTES, compare_memory
+from rllib_arpo.gpu_check.outcomes import CheckFailed, Skip
+from rllib_arpo.gpu_check.pieces import PIECES
+from rllib_arpo.gpu_check.runner import Piece, run_checks, run_piece
 from rllib_arpo.rollout.hf_engine import HFEngine
 
 GREEDY_TOKENS = 8  # the prompts (up to 38 tokens) and their continuations fit model_dir's 64 positions
@@ -155,7 +149,7 @@ def test_bf16_matmul_on_cpu_errs_by_bf16_rounding():
 
 def test_a_matmul_that_loses_precision_fails(monkeypatch):
     # a product kept with 4 significant bits (float8 e4m3): about 0.41 * 2^-4 = 2.6e-2 relative
-    monkeypatch.setattr(gpu_check, "_bf16_matmul", lambda a, b: (a @ b).to(torch.float8_e4m3fn).bfloat16())
+    monkeypatch.setattr(cuda_torch, "_bf16_matmul", lambda a, b: (a @ b).to(torch.float8_e4m3fn).bfloat16())
     with pytest.raises(CheckFailed, match=r"bf16 matmul relative error .* > 0.01"):
         check_cuda_torch("tiny", CPU, size=256)
 
@@ -170,10 +164,10 @@ def test_the_matmul_tflops_leave_out_the_warm_up_and_take_the_median(monkeypatch
         clock[0] += 1.0 if len(calls) == 1 else 1e-3 * len(calls)
         return a @ b
 
-    monkeypatch.setattr(gpu_check, "_bf16_matmul", product)
-    monkeypatch.setattr(gpu_check, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(cuda_torch, "_bf16_matmul", product)
+    monkeypatch.setattr(cuda_torch, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     figures = check_cuda_torch("tiny", CPU, size=64)
-    assert len(calls) == gpu_check.MATMUL_WARMUPS + gpu_check.MATMUL_TIMED == 13
+    assert len(calls) == cuda_torch.MATMUL_WARMUPS + cuda_torch.MATMUL_TIMED == 13
     # the timed products took 4, 5, ..., 13 ms: the median is 8.5 ms
     assert figures["bf16_matmul_tflops"] == pytest.approx(2 * 64**3 / 8.5e-3 / 1e12, rel=1e-9)
 
@@ -185,7 +179,7 @@ def test_engines_that_continue_alike_pass(lively_model_dir):
 
 
 def test_an_engine_that_continues_otherwise_fails(lively_model_dir, perturbed_dir, monkeypatch):
-    monkeypatch.setattr(gpu_check, "_compared_engine", lambda devices, path: HFEngine.from_pretrained(perturbed_dir))
+    monkeypatch.setattr(engines, "compared_engine", lambda devices, path: HFEngine.from_pretrained(perturbed_dir))
     with pytest.raises(
         CheckFailed,
         match="the hf engine and the HF engine it is checked against continue otherwise: .*'same_continuations': '0/8'",
@@ -234,7 +228,7 @@ def test_a_broadcast_that_changes_no_continuation_fails(model_dir):
 def test_learner_memory_fails_above_the_estimates_allowance(model_dir):
     from rllib_arpo.learner.memory import GIB, learner_memory_of_config
 
-    config = gpu_check._learner_config(model_dir, 1, GPU)  # what the piece estimates on a GPU
+    config = learner_runs.learner_config(model_dir, 1, GPU)  # what the piece estimates on a GPU
     estimate = learner_memory_of_config(config, sequence_length=128).total
     allowed = int(1.25 * estimate) + MEMORY_FIXED_BYTES
     assert compare_memory(allowed, estimate) == {

@@ -3,7 +3,7 @@ the budget spent is reported as such, and the report is written all the same."""
 
 import sys
 
-from rllib_arpo.gpu_check import FAIL, PASS
+from rllib_arpo.gpu_check.outcomes import FAIL, PASS
 
 
 def _python(code: str):
