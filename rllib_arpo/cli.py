@@ -23,6 +23,9 @@ Ray 2.60 no longer ships an ``rllib`` command; this one keeps the classic form:
 
 A problem with the input exits with status 2 and one line, ``rllib: error: ...``, naming the
 file, the experiment and the key.
+
+This module parses the command line and dispatches; what each command does is in ``commands/``, one
+module per command.
 """
 
 from __future__ import annotations
@@ -31,318 +34,16 @@ import argparse
 import json
 import signal
 import sys
-import time
-from pathlib import Path
-from typing import Any
 
-from rllib_arpo.core.user_imports import UserImports, import_user_modules
+from rllib_arpo.commands.check_gpu import check_gpu
+from rllib_arpo.commands.cold_start import cold_start
+from rllib_arpo.commands.evaluate import evaluate
+from rllib_arpo.commands.report import print_run_report
+from rllib_arpo.commands.train import dry_run, train_file
 from rllib_arpo.data.tir_task import TASK_VARIANTS
 from rllib_arpo.experiment.checks import ConfigError
-from rllib_arpo.experiment.file import grid_size, is_search_space, load_experiments
 from rllib_arpo.gpu_check.pieces import PIECES as GPU_CHECK_PIECES
 from rllib_arpo.models.optimizers import OPTIMIZER_STATES
-
-DEFAULT_STORAGE = "~/ray_results"
-SCHEDULERS = ("asha",)
-
-
-def _search_space_to_tune(value: Any) -> Any:
-    """A config value with its search spaces (``experiment_file.SEARCH_SPACES``) made Tune's."""
-    from ray import tune
-
-    if is_search_space(value):
-        [(kind, values)] = value.items()
-        if kind in ("grid_search", "choice"):
-            return getattr(tune, kind)(list(values))
-        return getattr(tune, kind)(*values)
-    if isinstance(value, dict):
-        return {k: _search_space_to_tune(v) for k, v in value.items()}
-    return value
-
-
-def _scheduler(spec: dict | None, name: str):
-    """``scheduler: {type: asha, metric: ..., mode: max, grace_period: ..., reduction_factor: ...,
-    max_t: ...}`` -> Tune's ASHA scheduler (time in training iterations)."""
-    if not spec:
-        return None
-    from ray.tune.schedulers import ASHAScheduler
-
-    options = dict(spec)
-    kind = options.pop("type", None)
-    if kind not in SCHEDULERS:
-        raise ConfigError(f"experiment {name!r}: unknown scheduler type {kind!r}; known: {list(SCHEDULERS)}")
-    missing = {"metric", "mode"} - set(options)
-    if missing:
-        raise ConfigError(f"experiment {name!r}: scheduler needs {sorted(missing)}")
-    try:
-        return ASHAScheduler(time_attr="training_iteration", **options)
-    except TypeError as error:
-        raise ConfigError(f"experiment {name!r}: bad scheduler option: {error}") from None
-
-
-def dry_run(path: str, stop: dict | None = None, config: dict | None = None, imports: list[str] | None = None) -> int:
-    """Check the file and print every experiment's dry-run report (``dry_run``); start nothing."""
-    from rllib_arpo.experiment.checks import check_config
-    from rllib_arpo.experiment.dry_run import PlannedExperiment, dry_run_report
-    from rllib_arpo.experiment.file import trial_configs
-
-    command_line_imports(imports)
-    for name, experiment in load_experiments(path, stop, config).items():
-        _scheduler(experiment.get("scheduler"), name)
-        first_trial = check_config(trial_configs(experiment["config"])[0], experiment["run"])
-        trials = grid_size(experiment["config"]) * experiment.get("num_samples", 1)
-        print(dry_run_report(PlannedExperiment(name, experiment, first_trial, trials)), end="")
-    return 0
-
-
-def train_file(
-    path: str,
-    stop: dict | None = None,
-    storage_path: str | None = None,
-    config: dict | None = None,
-    resume: bool = False,
-    imports: list[str] | None = None,
-) -> int:
-    """Run every experiment of the file with Ray Tune; with ``resume``, continue each one from
-    its trials' latest checkpoints instead (after a crash, Ctrl-C or a preemption). ``imports``
-    (``--import``: module names and ``.py`` paths relative to the working directory) and the
-    file's ``imports:`` are imported here and in every Ray worker. Starts Ray (and shuts it down
-    at the end) unless it is already running; a running Ray takes no imports (its workers are
-    started without them)."""
-    user_modules = command_line_imports(imports)
-    experiments = load_experiments(path, stop, config)  # before Ray: every problem is named here
-    for name, experiment in experiments.items():
-        _scheduler(experiment.get("scheduler"), name)
-        user_modules += experiment["imports"]
-        for line in dtype_lines(experiment):
-            print(f"[{name}] {line}", flush=True)  # the warning of a slow dtype: once, by each trial's setup
-    import ray
-    from ray import tune
-
-    from rllib_arpo.algorithm import TRAINABLES, register_trainables
-    from rllib_arpo.eval.report import write_report
-    from rllib_arpo.runtime.tune_logs import trial_loggers
-
-    owns_ray = not ray.is_initialized()
-    if owns_ray:
-        ray.init(runtime_env=user_modules.runtime_env())
-    elif user_modules.modules:
-        entries = [module.entry for module in user_modules.modules]
-        raise ConfigError(
-            f"imports: Ray is already running in this process and its workers would not import {entries}: "
-            "call ray.shutdown() first, so that train_file starts Ray with them (or start Ray with "
-            "ray.init(runtime_env=UserImports.runtime_env()) of rllib_arpo.core.user_imports)"
-        )
-    # Tune keeps registered trainables in the Ray session's store, filled at the first ray.init() after
-    # the import: a Ray started again in this process (after a ray.shutdown()) would know no "ARPO"
-    register_trainables()
-    failed = 0
-    for name, experiment in experiments.items():
-        default_config = TRAINABLES[experiment["run"]].get_default_config()
-        param_space = default_config.to_dict()
-        param_space.update(_search_space_to_tune(experiment["config"]))
-        storage = Path(storage_path or experiment.get("storage_path") or DEFAULT_STORAGE).expanduser().resolve()
-        if resume:
-            tuner = _restored_tuner(storage / name, experiment["run"], param_space)
-        else:
-            run_config = tune.RunConfig(
-                name=name,
-                stop=experiment.get("stop"),
-                storage_path=str(storage),
-                checkpoint_config=tune.CheckpointConfig(**(experiment.get("checkpoint_config") or {})),
-                callbacks=trial_loggers(),
-                verbose=1,
-            )
-            tuner = tune.Tuner(
-                experiment["run"],
-                param_space=param_space,
-                run_config=run_config,
-                tune_config=tune.TuneConfig(
-                    num_samples=experiment.get("num_samples", 1),
-                    scheduler=_scheduler(experiment.get("scheduler"), name),
-                ),
-            )
-        results = tuner.fit()
-        failed += sum(1 for result in results if result.error)
-        for result in results:
-            metrics = result.metrics or {}
-            print(
-                f"[{name}] trial {metrics.get('trial_id', '?')}: "
-                f"iterations={metrics.get('training_iteration')} path={result.path}"
-                + (f" ERROR: {result.error}" if result.error else "")
-            )
-            if result.path:
-                table, plot = write_report(result.path)
-                print(table + (f"\nplot: {plot}" if plot else ""))
-                print_run_report(result.path)
-    if owns_ray and ray.is_initialized():
-        ray.shutdown()
-    return 1 if failed else 0
-
-
-def dtype_lines(experiment: dict) -> list[str]:
-    """The dtype the experiment's trials compute in on this machine and why (``DtypeChoice.line``),
-    each different line once: the run's first lines. ``ARPO.setup`` makes the same choice in each
-    trial, and logs the warning of a configured half precision this CPU multiplies slowly."""
-    from rllib_arpo.algorithm import TRAINABLES
-    from rllib_arpo.experiment.file import trial_configs
-    from rllib_arpo.hardware import dtype_choice
-
-    default_config = TRAINABLES[experiment["run"]].get_default_config
-    trials = [default_config().update_from_dict(values) for values in trial_configs(experiment["config"])]
-    return list(dict.fromkeys(dtype_choice(trial).line for trial in trials))
-
-
-def command_line_imports(entries: list[str] | None) -> UserImports:
-    """``--import`` entries (relative to the working directory), imported here."""
-    try:
-        return import_user_modules(entries or [], Path.cwd(), "--import")
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-
-
-def _restored_tuner(experiment_path: Path, run: str, param_space: dict):
-    """Tune's experiment at ``experiment_path``, to be continued: unfinished and errored trials go
-    on from their latest checkpoint (model, optimizer, data position, RNG states), finished trials
-    stay finished. Its logs keep a row for every iteration up to that checkpoint (the callbacks of
-    the first run, ``tune_logs.trial_loggers``, come back with the experiment)."""
-    from ray import tune
-
-    if not tune.Tuner.can_restore(str(experiment_path)):
-        raise ConfigError(
-            f"--resume: no experiment to resume at {experiment_path} (run it once without --resume, "
-            "with the same --storage-path)"
-        )
-    return tune.Tuner.restore(
-        str(experiment_path), trainable=run, param_space=param_space, resume_unfinished=True, resume_errored=True
-    )
-
-
-def evaluate(args: argparse.Namespace) -> int:
-    """``rllib evaluate``: the run's config (``--experiment`` file, ``--config``) and the
-    benchmarks, all checked before any model is built or loaded (``check_config``, then
-    ``eval.benchmark.load_benchmarks``), then ``eval.benchmark.evaluate_benchmarks``."""
-    from rllib_arpo.eval import benchmark
-    from rllib_arpo.experiment.checks import check_config
-    from rllib_arpo.experiment.file import resolve_paths, trial_configs
-
-    output = Path(args.output)
-    try:
-        specs = [benchmark.benchmark_spec(text) for text in args.data]
-        model_path = benchmark.policy_model_path(args.policy)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-    overrides = {**(args.config or {}), "model_path": model_path}
-    values, run = resolve_paths(overrides, (Path.cwd(),)), "ARPO"
-    if args.experiment:
-        experiments = load_experiments(args.experiment, config_override=overrides)
-        name = args.experiment_name or next(iter(experiments))
-        if name not in experiments:
-            raise ConfigError(f"{args.experiment}: no experiment {name!r}; it has {sorted(experiments)}")
-        values, run = trial_configs(experiments[name]["config"])[0], experiments[name]["run"]
-    config = check_config(values, run)
-    try:
-        benchmarks = benchmark.load_benchmarks(config, specs, args.limit)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-    table = benchmark.evaluate_benchmarks(
-        config,
-        benchmarks,
-        samples=args.samples,
-        ks=args.k or [args.samples],
-        temperature=args.temperature,
-        top_p=args.top_p,
-        limit=args.limit,
-        seed=args.seed,
-        output_dir=output,
-    )
-    import pandas as pd
-
-    with pd.option_context("display.width", 200, "display.max_columns", None, "display.precision", 3):
-        print(table.to_string(index=False))
-    print(f"results: {output / 'results.csv'}, {output / 'results.json'}; transcripts: {output / 'transcripts'}")
-    print_run_report(output)
-    return 0
-
-
-def print_run_report(run_dir: str | Path) -> int:
-    """Write the run report of ``run_dir`` (``eval.run_page.write_run_report``) and print each
-    page's path with what its run lacks, one line each; 1 where there is nothing to report."""
-    from rllib_arpo.eval.run_page import ReportError, write_run_report
-
-    try:
-        pages = write_run_report(run_dir)
-    except ReportError as error:
-        print(f"rllib report: {error}", file=sys.stderr)
-        return 1
-    for page, notes in pages:
-        print(f"report: {page}" + (f" (missing: {'; '.join(notes)})" if notes else ""))
-    return 0
-
-
-def cold_start(args: argparse.Namespace) -> int:
-    """``rllib cold-start``: reference-set demonstrations (if asked for), then the SFT."""
-    from rllib_arpo.cold_start.sft import cold_start as run_cold_start
-    from rllib_arpo.models.catalogue import resolve_model_path
-    from rllib_arpo.models.optimizers import missing_package
-
-    if (missing := missing_package(args.optimizer_states)) is not None:
-        raise ConfigError(missing)
-    try:
-        model_path = resolve_model_path(args.model)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-    demonstrations = []
-    if args.reference_set:
-        from transformers import AutoTokenizer
-
-        from rllib_arpo.data.demonstrations import reference_set_demonstrations
-        from rllib_arpo.data.registry import load_dataset
-        from rllib_arpo.tools.search import SearchTool
-
-        if not args.search_cache:
-            raise ConfigError("--reference-set needs --search-cache (the reference search_cache.json)")
-        examples = load_dataset({"type": "parquet", "path": args.reference_set})
-        search = SearchTool(backend="cache", corpus_path=args.search_cache, top_k=args.search_top_k)
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
-        built = reference_set_demonstrations(examples, search, tokenizer, args.max_tool_result_tokens)
-        demonstrations = built[: args.reference_limit]
-        print(
-            f"{args.reference_set}: {len(built)} of {len(examples)} rows give a correct search demonstration; "
-            f"using {len(demonstrations)}",
-            flush=True,
-        )
-    start = time.perf_counter()
-    losses = run_cold_start(
-        model_path,
-        args.output,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        demonstrations=demonstrations,
-        max_tool_result_tokens=args.max_tool_result_tokens,
-        variant=args.task_variant,
-        seed=args.seed,
-        optimizer_states=args.optimizer_states,
-    )
-    minutes = (time.perf_counter() - start) / 60
-    record = {
-        "model": args.model,
-        "steps": args.steps,
-        "batch_size": args.batch_size,
-        "lr": args.lr,
-        "reference_demonstrations": len(demonstrations),
-        "embedded_task_demonstrations": args.steps * args.batch_size - len(demonstrations),
-        "task_variant": args.task_variant,
-        "seed": args.seed,
-        "optimizer_states": args.optimizer_states,
-        "minutes": minutes,
-        "losses": losses,
-    }
-    (Path(args.output) / "cold_start.json").write_text(json.dumps(record, indent=2) + "\n")
-    loss = f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
-    print(f"cold start: {args.steps} steps in {minutes:.1f} min, {loss}; saved {args.output}")
-    return 0
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -367,6 +68,16 @@ def json_object(text: str) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="rllib", description="Train ARPO and its baselines with Ray RLlib.")
     commands = parser.add_subparsers(dest="command", required=True)
+    _add_train_command(commands)
+    _add_evaluate_command(commands)
+    _add_cold_start_command(commands)
+    _add_report_command(commands)
+    _add_check_gpu_command(commands)
+    return parser
+
+
+def _add_train_command(commands) -> None:
+    """``rllib train file CONFIG_FILE``: train from a tuned-example YAML file."""
     train = commands.add_parser("train", help="train an algorithm")
     train_sources = train.add_subparsers(dest="source", required=True)
     from_file = train_sources.add_parser("file", help="train from a tuned-example YAML file")
@@ -392,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="check everything, print resources, learner memory and first prompts, start nothing",
     )
 
+
+def _add_evaluate_command(commands) -> None:
+    """``rllib evaluate POLICY``: benchmarks, pass@k, transcripts."""
     evaluation = commands.add_parser("evaluate", help="evaluate a policy on benchmarks (pass@k, transcripts)")
     evaluation.add_argument("policy", help="named model, save_pretrained directory or training checkpoint")
     evaluation.add_argument(
@@ -412,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--seed", type=int, default=0)
     evaluation.add_argument("--output", default="evaluation", help="directory for the table and transcripts")
 
+
+def _add_cold_start_command(commands) -> None:
+    """``rllib cold-start MODEL OUTPUT``: the SFT before RL."""
     cold = commands.add_parser("cold-start", help="SFT a chat model on tool-use demonstrations before RL")
     cold.add_argument("model", help="named model or save_pretrained directory")
     cold.add_argument("output", help="where to save the fine-tuned model")
@@ -434,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="AdamW's moments in float32 (full) or 8 bits (8bit: 0.25 instead of 1.0 GiB on SmolLM2-135M)",
     )
 
+
+def _add_report_command(commands) -> None:
+    """``rllib report RUN_DIR``: a run's report as one HTML page."""
     report = commands.add_parser(
         "report", help="write a run's report as one HTML page: curves, held-out table, rollout trees"
     )
@@ -441,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
         "run_dir", help="a trial's directory, an experiment's, a storage path, or an evaluation's output"
     )
 
+
+def _add_check_gpu_command(commands) -> None:
+    """``rllib check-gpu``: PASS / FAIL / SKIP per piece of a GPU machine."""
     check = commands.add_parser("check-gpu", help="check a GPU machine: PASS / FAIL / SKIP per piece")
     check.add_argument("--model", default="tiny", help="named model or save_pretrained directory (default: tiny)")
     check.add_argument("--only", nargs="+", choices=GPU_CHECK_PIECES, help="run only these pieces")
@@ -454,17 +177,6 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--device", choices=["cuda", "cpu"], default="cuda", help="cpu: each comparison on the CPU in float32 (tests)"
     )
-    return parser
-
-
-def check_gpu(args: argparse.Namespace) -> int:
-    """``rllib check-gpu``: the pieces of ``gpu_check.pieces.PIECES`` (or ``--only`` those), in order,
-    on the devices ``--device`` and ``--engine`` name."""
-    from rllib_arpo.gpu_check.devices import devices_for
-    from rllib_arpo.gpu_check.runner import run_checks
-
-    pieces = [GPU_CHECK_PIECES[name] for name in args.only or GPU_CHECK_PIECES]
-    return run_checks(pieces, args.model, args.json, devices_for(args.device, args.engine))
 
 
 def exit_on_sigterm() -> None:

@@ -14,7 +14,7 @@ The file has the classic tuned-example schema::
 1. imports the user's modules its ``imports:`` names, beside ``run:`` or in ``config:``
    (``user_imports``: module names, and ``.py`` paths relative to the file), so that the tools,
    dataset types and rewards they register are known to the checks below; the experiment's
-   ``imports`` is then a ``UserImports``, which ``cli.train_file`` has every Ray worker import.
+   ``imports`` is then a ``UserImports``, which ``commands.train.train_file`` has every Ray worker import.
 2. resolves relative paths (the values of keys named ``path`` or ending in ``_path`` or
    ``_dir``, at any depth of ``config``, ``grid_search`` and ``choice`` values included):
    against the file's own directory first, then the launch directory; the first place where the

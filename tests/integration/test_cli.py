@@ -255,7 +255,7 @@ def test_search_spaces_and_the_asha_scheduler_are_read(tmp_path):
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.sample import Categorical, Float, Integer
 
-    from rllib_arpo.cli import _scheduler, _search_space_to_tune
+    from rllib_arpo.commands.train import _scheduler, _search_space_to_tune
 
     space = _search_space_to_tune(
         {"alpha": {"uniform": [0.3, 0.7]}, "beta": {"choice": [0.1, 0.2]}, "lr": {"loguniform": [1e-6, 1e-4]},

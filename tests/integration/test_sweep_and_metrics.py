@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rllib_arpo.cli import train_file
+from rllib_arpo.commands.train import train_file
 
 REPO = Path(__file__).resolve().parents[2]
 TRIALS = 4

@@ -10,7 +10,8 @@ import ray
 from ray import tune
 
 from rllib_arpo import hardware
-from rllib_arpo.cli import dtype_lines, main, train_file
+from rllib_arpo.cli import main
+from rllib_arpo.commands.train import dtype_lines, train_file
 from rllib_arpo.config.fields import PolicySettings
 from rllib_arpo.core.dtypes import DtypeChoice, choose_dtype
 from rllib_arpo.experiment.file import load_experiments

@@ -11,7 +11,8 @@ import pytest
 import ray
 from ray import cloudpickle, tune
 
-from rllib_arpo.cli import main, train_file
+from rllib_arpo.cli import main
+from rllib_arpo.commands.train import train_file
 from rllib_arpo.core.user_imports import UserImports, UserModule, import_user_modules
 from rllib_arpo.experiment.checks import ConfigError
 from rllib_arpo.experiment.file import load_experiments
