@@ -273,9 +273,12 @@ def _read_bounded(process: subprocess.Popen, limit_bytes: int, deadline: float) 
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0:
                 return stdout, stderr, True
-            events = selector.select(min(remaining_s, _EXIT_POLL_S))
-            if not events and process.poll() is not None:
-                break  # the child exited; a background process of its own may still hold the pipes
+            # whether the child has exited is asked before the wait, not after it: output written
+            # and the exit made while an empty wait returned would be lost otherwise
+            exited = process.poll() is not None
+            events = selector.select(0 if exited else min(remaining_s, _EXIT_POLL_S))
+            if not events and exited:
+                break  # all it wrote is read; a background process of its own may still hold the pipes
             for key, _ in events:
                 chunk = os.read(key.fd, _READ_CHUNK_BYTES)
                 if not chunk:

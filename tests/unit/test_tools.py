@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from rllib_arpo.tools import python_sandbox
 from rllib_arpo.tools.base import TOOLS, ToolCall, ToolExecutor, build_tools, find_tool_call
 from rllib_arpo.tools.python_sandbox import PythonTool
 from rllib_arpo.tools.search import NO_RESULTS, SearchTool, split_pages
@@ -381,3 +383,21 @@ def test_bm25_index_is_cached_on_disk_and_reused(tmp_path, monkeypatch):
     monkeypatch.undo()
     SearchTool(documents=documents[:2], top_k=1, index_cache_dir=tmp_path)  # other documents: another index
     assert len([p for p in tmp_path.iterdir() if p.name.startswith("bm25-")]) == 2
+
+
+def test_the_python_tools_reader_keeps_output_written_as_the_child_exits_during_a_wait(monkeypatch):
+    # the child answers and exits while the reader's wait for output comes back empty and before it
+    # asks whether the child exited (a busy machine holds the reading thread there): asked after
+    # the wait, that exit ended the read with the answer still in the pipe, and the policy read
+    # an empty <result></result> (4 of 160 calls with one busy thread beside the reader)
+    child = subprocess.Popen(["sh", "-c", "sleep 0.15; echo 337491"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    poll = child.poll
+
+    def poll_after_a_pause():  # the reader descheduled for 0.1 s before it asks
+        time.sleep(0.1)
+        return poll()
+
+    monkeypatch.setattr(child, "poll", poll_after_a_pause)
+    stdout, stderr, timed_out = python_sandbox._read_bounded(child, 8000, time.monotonic() + 5)
+    child.wait()
+    assert (bytes(stdout), bytes(stderr), timed_out) == (b"337491\n", b"", False)
