@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -102,7 +103,12 @@ def resolve_environment(spec: Any, timeout_s: float) -> EnvironmentSpec | None:
     does not take, an instance without the protocol's members, an isolated clonable instance that
     does not pickle, or a constructor (or ``close``) that does not return within ``timeout_s``
     (the config's ``tool_timeout_s``; in process it is left to its thread, isolated its process is
-    killed). The instance is built where a run builds it: in a process of its own where isolated."""
+    killed). The instance is built where a run builds it: in a process of its own where isolated.
+
+    A spec that passed is remembered for the process (by class, options, ``isolate`` and
+    ``timeout_s``): the config is checked in several places (each settings group that holds it, the
+    dry run, every EnvRunner), and a class whose constructor starts something costly (a process, a
+    server) is built once per process to be checked, not once per place."""
     if spec is None:
         return None
     if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str):
@@ -115,11 +121,25 @@ def resolve_environment(spec: Any, timeout_s: float) -> EnvironmentSpec | None:
     isolate = spec.get("isolate", ":" in name or not cls.__module__.startswith("rllib_arpo."))
     if not isinstance(isolate, bool):
         raise ValueError(f"stateful_env: isolate must be true or false, got {isolate!r}")
+    key = (cls, json.dumps(options, sort_keys=True, default=repr), isolate, timeout_s)
+    if key not in _CHECKED_SPECS:
+        _CHECKED_SPECS[key] = _checked_spec(EnvironmentSpec(name, cls, options, isolate=isolate), timeout_s)
+    return dataclasses.replace(_CHECKED_SPECS[key], name=name)
+
+
+_CHECKED_SPECS: dict[tuple, EnvironmentSpec] = {}
+"""``resolve_environment``'s specs that passed in this process."""
+
+
+def _checked_spec(unchecked: EnvironmentSpec, timeout_s: float) -> EnvironmentSpec:
+    """``unchecked`` with what an instance says of itself (``action_tag``, ``clone()``,
+    ``deterministic``), or the ValueError of ``resolve_environment``: one instance is built (within
+    ``timeout_s``), checked against the protocol and closed."""
+    name, cls, isolate = unchecked.name, unchecked.cls, unchecked.isolate
     try:
-        inspect.signature(cls).bind(**options)
+        inspect.signature(cls).bind(**unchecked.options)
     except TypeError as error:
-        raise ValueError(f"stateful_env: bad options for {name!r} {options}: {error}") from None
-    unchecked = EnvironmentSpec(name, cls, options, isolate=isolate)
+        raise ValueError(f"stateful_env: bad options for {name!r} {dict(unchecked.options)}: {error}") from None
     try:
         instance = _within(lambda: unchecked.build(timeout_s), timeout_s, f"{cls.__qualname__}(...)", isolate)
     except (TypeError, ValueError) as error:

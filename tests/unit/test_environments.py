@@ -18,6 +18,7 @@ import pytest
 
 from rllib_arpo.config.rules import validate_config
 from rllib_arpo.data.examples import PromptExample
+from rllib_arpo.environments import base as environments_base
 from rllib_arpo.environments.base import EnvironmentSpec, resolve_environment
 from rllib_arpo.rewards.registry import resolve_reward
 from rllib_arpo.rewards.settings import RewardSettings
@@ -52,6 +53,36 @@ def test_the_spec_reads_tag_clone_and_determinism_from_the_class():
     assert (clonable.action_tag, clonable.fork_method, replayed.fork_method) == ("move", "clone", "replay")
     assert spec(ClonableWalk, goal=3).build().goal == 3
     assert resolve_environment(None, 5.0) is None
+
+
+class CountedWalk(Walk):
+    """Counts its instances: what the config check builds."""
+
+    built = 0
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        CountedWalk.built += 1
+
+
+def test_a_spec_is_checked_once_per_process_and_a_failing_one_every_time(monkeypatch):
+    """The config is checked in several places (each settings group holding it, the dry run, every
+    EnvRunner): an environment whose constructor starts something (a process, a server) is built
+    once per process for its check, for each set of options; a spec that fails is not remembered."""
+    monkeypatch.setattr(CountedWalk, "built", 0)
+    monkeypatch.setattr(environments_base, "_CHECKED_SPECS", {})  # none remembered from another test
+    for _ in range(3):
+        assert spec(CountedWalk).action_tag == "move"
+    assert CountedWalk.built == 1
+    assert spec(CountedWalk, goal=3).build().goal == 3
+    assert CountedWalk.built == 3  # the check's instance of the new options, then the one built here
+    spec(CountedWalk, isolate=True)  # isolated: another check, in a process of its own
+    assert CountedWalk.built == 3
+    assert len(environments_base._CHECKED_SPECS) == 3
+    for _ in range(2):
+        with pytest.raises(ValueError, match="rejects its options"):
+            spec(CountedWalk, speed=3)
+    assert CountedWalk.built == 3 and len(environments_base._CHECKED_SPECS) == 3
 
 
 class Dice(Walk):
