@@ -42,7 +42,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rllib_arpo.rewards.hierarchical import format_gated
-from rllib_arpo.rewards.judge_client import asker, check_served
 from rllib_arpo.rewards.judge_prompt import DEFAULT_PROMPT, check_template, judge_messages, verdict_parser
 from rllib_arpo.rewards.registry import REWARDS
 from rllib_arpo.rewards.settings import RewardSettings
@@ -85,6 +84,8 @@ def check_llm_judge(
             raise ValueError(f"reward.{key}: expected a whole number >= {least}, got {value!r}")
     if api_key_env is not None and not os.environ.get(str(api_key_env)):
         raise ValueError(f"reward.api_key_env: the environment variable {api_key_env!r} is not set")
+    from rllib_arpo.rewards.judge_client import check_served  # imports openai: only where a run judges
+
     check_served(url, model, api_key_env, request_timeout_s)
 
 
@@ -110,6 +111,8 @@ def llm_judge(
     """The ``llm_judge`` entry (module docstring), called with ``response`` (one value) or, batched,
     ``responses`` (a value or the exception that failed it, per response). The tool calls do not
     count."""
+    from rllib_arpo.rewards.judge_client import asker  # imports openai: only where a run judges
+
     ask = asker(url, api_key_env, model, max_tokens, request_timeout_s, retries)
     request = functools.partial(
         _judged,
