@@ -69,25 +69,26 @@ def test_pipelined_batches_are_one_version_stale_and_every_prompt_is_trained_onc
     RecordsSamples.log_file = str(tmp_path / "pipelined.jsonl")
     algo = config.copy().rollouts(max_staleness=1).build_algo()
     try:
-        results = [algo.train() for _ in range(3)]
+        results = [algo.train() for _ in range(2)]
         checkpoint = algo.save_to_path(str(tmp_path / "checkpoint"))
         positions = dict(algo.data_positions)
     finally:
         algo.stop()
     # the first iteration trains the batch a synchronous run trains: sampled with the initial weights
     assert summary(results[0]) == summary(synchronous)
-    assert [r["staleness_max"] for r in results] == [0, 1, 1]
-    assert [r["weights_version"] for r in results] == [1, 2, 3]
+    assert [r["staleness_max"] for r in results] == [0, 1]
+    assert [r["weights_version"] for r in results] == [1, 2]
     for runner in (1, 2):
         sampled = samples_of(tmp_path / "pipelined.jsonl", runner)
-        # three batches trained, a fourth in flight when the run stopped; each request was queued
+        # two batches trained, a third in flight when the run stopped; each request was queued
         # before the weights of the update it overlapped with
-        assert [s["position"] for s in sampled] == [[1, 2], [2, 4], [3, 6], [4, 8]]
-        assert [s["weights"] for s in sampled] == [0, 0, 1, 2]
-    assert positions == {1: DataPosition(3, 6), 2: DataPosition(3, 6)}  # the batch in flight is not trained
+        assert [s["position"] for s in sampled] == [[1, 2], [2, 4], [3, 6]]
+        assert [s["weights"] for s in sampled] == [0, 0, 1]
+    assert positions == {1: DataPosition(2, 4), 2: DataPosition(2, 4)}  # the batch in flight is not trained
 
     # the checkpoint kept the batch that was in flight: restored, the run trains it (sampled with
-    # weights 2, as an uninterrupted run would) and samples on from after it: none skipped, none twice
+    # weights 1, as an uninterrupted run would: one version stale once the pipeline is full) and
+    # samples on from after it: none skipped, none twice
     RecordsSamples.log_file = str(tmp_path / "restored.jsonl")
     algo = config.copy().rollouts(max_staleness=1).build_algo()
     try:
@@ -96,11 +97,11 @@ def test_pipelined_batches_are_one_version_stale_and_every_prompt_is_trained_onc
         restored_positions = dict(algo.data_positions)
     finally:
         algo.stop()
-    assert result["weights_version"] == 4 and result["staleness_max"] == 1
-    assert restored_positions == {1: DataPosition(4, 8), 2: DataPosition(4, 8)}
+    assert result["weights_version"] == 3 and result["staleness_max"] == 1
+    assert restored_positions == {1: DataPosition(3, 6), 2: DataPosition(3, 6)}
     for runner in (1, 2):
         first_after_restore = samples_of(tmp_path / "restored.jsonl", runner)[0]
-        assert first_after_restore["position"] == [5, 10] and first_after_restore["weights"] == 3
+        assert first_after_restore["position"] == [4, 8] and first_after_restore["weights"] == 2
 
 
 def test_max_staleness_needs_remote_env_runners(small_config):
