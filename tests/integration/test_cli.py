@@ -14,14 +14,28 @@ from rllib_arpo.experiment.file import load_experiments
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_rllib_train_file_tiny_yaml_writes_tensorboard_and_metrics(tiny_policy_cache, tmp_path, browser):
-    env = {**os.environ, "RLLIB_ARPO_CACHE": str(tiny_policy_cache)}
+def test_rllib_train_file_tiny_yaml_in_a_ray_started_again_writes_tensorboard_and_metrics(
+    ray_session, start_ray, tiny_policy_cache, tmp_path, capsys, browser
+):
+    """``rllib train file`` (its ``main``, in this process: the console script's own start is
+    test_cli_exits_with_a_clear_message_on_a_bad_file's) on the tiny tuned example, two iterations.
+
+    It runs in a Ray started again: Tune's registry of trainables lives in the Ray session, so
+    after ``ray.shutdown()`` and a new ``ray.init()`` (a notebook, or this pytest process between
+    test files) ``run: ARPO`` must still be known. (Broken on purpose: without train_file's
+    ``register_trainables()``, "Unknown trainable: ARPO".)"""
+    import ray
+
+    from rllib_arpo.cli import main
+
+    ray.shutdown()
+    start_ray()  # after tiny_policy_cache: its workers find RLLIB_ARPO_CACHE
     command = [
-        sys.executable, "-m", "rllib_arpo.cli", "train", "file", str(REPO / "tuned_examples" / "arpo_tiny.yaml"),
+        "train", "file", str(REPO / "tuned_examples" / "arpo_tiny.yaml"),
         "--stop", '{"training_iteration": 2}', "--config", '{"held_out_size": 4}', "--storage-path", str(tmp_path),
     ]  # fmt: skip
-    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert main(command) == 0
+    stdout = capsys.readouterr().out
     result_files = list(tmp_path.glob("arpo-tiny/*/result.json"))
     assert len(result_files) == 1
     results = [json.loads(line) for line in result_files[0].read_text().splitlines()]
@@ -46,10 +60,10 @@ def test_rllib_train_file_tiny_yaml_writes_tensorboard_and_metrics(tiny_policy_c
     assert list(result_files[0].parent.glob("events.out.tfevents.*")), "no TensorBoard event file"
     # the held-out split ran before the first update; the report table and plot were written
     assert results[0]["evaluation_before_training"]["after_iteration"] == 0
-    assert "held-out split" in completed.stdout
+    assert "held-out split" in stdout
     # and where the two iterations' time went, their parts summed (eval.report.time_split)
-    assert "where the time went" in completed.stdout
-    assert f"{'all iterations':<26}{sum(r['time_this_iter_s'] for r in results):>14.1f}" in completed.stdout
+    assert "where the time went" in stdout
+    assert f"{'all iterations':<26}{sum(r['time_this_iter_s'] for r in results):>14.1f}" in stdout
     assert (result_files[0].parent / "training.png").is_file()
     # the run report: two trees saved per iteration, and the page that draws them
     trial = result_files[0].parent
@@ -61,7 +75,7 @@ def test_rllib_train_file_tiny_yaml_writes_tensorboard_and_metrics(tiny_policy_c
         # every trajectory starts at the prompt or is a child forked at a tool result
         roots = sum(s["parent"] is None for s in tree["segments"])
         assert roots + sum(s.get("branch", {}).get("children", 0) for s in tree["segments"]) == 8
-    assert f"report: {trial / 'report.html'}" in completed.stdout
+    assert f"report: {trial / 'report.html'}" in stdout
     forked = [
         (entry["iteration"], index, tree)
         for entry in saved
@@ -142,25 +156,6 @@ def write(tmp_path, text: str) -> str:
     path = tmp_path / "experiment.yaml"
     path.write_text(text)
     return str(path)
-
-
-def test_train_file_runs_in_a_ray_started_again_in_the_same_process(ray_session, start_ray, tmp_path):
-    """Tune's registry of trainables lives in the Ray session: after ``ray.shutdown()`` and a new
-    ``ray.init()`` (a notebook, or this pytest process between test files) ``run: GRPO`` must
-    still be known. (Broken on purpose: without train_file's ``register_trainables()``, "Unknown
-    trainable: GRPO".)"""
-    import ray
-
-    from rllib_arpo.cli import main
-
-    ray.shutdown()
-    start_ray()
-    small = {"held_out_interval": 0, "prompts_per_env_runner": 1, "total_rollouts": 2, "max_response_tokens": 16}
-    command = ["train", "file", str(REPO / "tuned_examples" / "grpo_tiny.yaml"), "--stop", '{"training_iteration": 1}',
-               "--config", json.dumps(small), "--storage-path", str(tmp_path)]  # fmt: skip
-    assert main(command) == 0
-    [result_file] = tmp_path.glob("*/*/result.json")
-    assert [json.loads(line)["training_iteration"] for line in result_file.read_text().splitlines()] == [1]
 
 
 def test_unknown_run_and_config_keys_are_reported(tmp_path):
