@@ -14,14 +14,42 @@ from rllib_arpo.gpu_check.outcomes import CheckFailed
 from rllib_arpo.gpu_check.throughput import check_throughput
 
 
-def test_two_learners_that_update_as_one_pass(ray_session, tiny_model_path):
+@pytest.fixture(scope="module")
+def one_learner_runs() -> dict:
+    """``_train_twice``'s one-learner runs, by arguments, kept for this file's tests."""
+    return {}
+
+
+@pytest.fixture
+def one_learner_run_once(one_learner_runs, monkeypatch):
+    """``check_learners``' reference, one learner's two updates, run once for the tests that check
+    2 learners against it (a remote learner started once, not per test): a float32 learner on one
+    CPU core gives the same weights and norms for the same arguments, and with one learner
+    ``update_learners`` shards nothing, so a test that breaks ``shard_rows`` gets the reference
+    it would have computed itself."""
+    from rllib_arpo.gpu_check import learners
+
+    train_twice = learners._train_twice
+
+    def reference_run_once(model_path, batch, num_learners, devices, **options):
+        if num_learners > 1:
+            return train_twice(model_path, batch, num_learners, devices, **options)
+        key = (model_path, devices, repr(options), *((name, rows.tobytes()) for name, rows in sorted(batch.items())))
+        if key not in one_learner_runs:
+            one_learner_runs[key] = train_twice(model_path, batch, num_learners, devices, **options)
+        return one_learner_runs[key]
+
+    monkeypatch.setattr(learners, "_train_twice", reference_run_once)
+
+
+def test_two_learners_that_update_as_one_pass(ray_session, tiny_model_path, one_learner_run_once):
     figures = check_learners(tiny_model_path, CPU, layouts={"ddp": {}})
     # each learner runs one of the two micro-batches one learner runs, in float32 on one core, and
     # both add the same two gradients (a + b == b + a): the same numbers, bit for bit
     assert figures == {"ddp_update_gap": 0.0, "ddp_grad_norm_rel_gap": 0.0}
 
 
-def test_a_learner_that_loses_a_shard_fails(ray_session, tiny_model_path, monkeypatch):
+def test_a_learner_that_loses_a_shard_fails(ray_session, tiny_model_path, one_learner_run_once, monkeypatch):
     from rllib_arpo.learner import group
 
     shard_rows = group.shard_rows
