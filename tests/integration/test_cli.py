@@ -22,8 +22,9 @@ def test_rllib_train_file_tiny_yaml_in_a_ray_started_again_writes_tensorboard_an
 
     It runs in a Ray started again: Tune's registry of trainables lives in the Ray session, so
     after ``ray.shutdown()`` and a new ``ray.init()`` (a notebook, or this pytest process between
-    test files) ``run: ARPO`` must still be known. (Broken on purpose: without train_file's
-    ``register_trainables()``, "Unknown trainable: ARPO".)"""
+    test files) ``run: ARPO`` must still be known. (Without train_file's ``register_trainables()``
+    this test still passed on Ray 2.60, though Tune's registry holds no "ARPO" after a restart:
+    what else registers it on this path is not known yet.)"""
     import ray
 
     from rllib_arpo.cli import main
