@@ -148,6 +148,13 @@ class VLLMEngine:
             longest = max_model_len or AutoConfig.from_pretrained(model_path).max_position_embeddings
             budget = max(llm_kwargs.get("max_num_batched_tokens") or CPU_BATCHED_TOKENS, longest)
             llm_kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=budget)
+        if current_platform.is_cpu():
+            # vLLM 0.32 on CPU compiles the model's graph with Inductor off and never loads its
+            # compile cache back ("'function' object has no attribute 'finalize_loading'"), so
+            # each start compiled again for no speed: SmolLM2-135M on 2 cores started in 190 s
+            # compiled and 37 s eager, then sampled 69 and 73 tokens/s (engine_options:
+            # {enforce_eager: false} compiles)
+            llm_kwargs.setdefault("enforce_eager", True)
         if merge_adapter is None:
             merge_adapter = current_platform.is_cpu()
         if lora is not None and not merge_adapter:

@@ -41,12 +41,7 @@ LORA_ON_VLLM = {
     "max_staleness": 1,
     "lora": "{rank: 4, alpha: 8, target_modules: [q_proj, v_proj, down_proj]}",
     "engine": "vllm",
-    # eager: vLLM's compile of the model took 12 of an engine start's 35 s, three starts a test; the
-    # compiled model's in-place and adapter syncs are tests/vllm/test_vllm_engine.py's and test_vllm_lora.py's
-    "engine_options": (
-        "{kv_cache_memory_bytes: 67108864, max_model_len: 1024, block_size: 32, cpu_reserved_cores: 0,"
-        " enforce_eager: true}"
-    ),
+    "engine_options": "{kv_cache_memory_bytes: 67108864, max_model_len: 1024, block_size: 32, cpu_reserved_cores: 0}",
     "weight_sync": "object_store_delta",
     # as arpo_smollm2.yaml: the learner's pi_old. With vLLM's own log-probs the resumed run drew the
     # same tokens, rewards and KL, but its third loss differed in the 8th digit (-0.0180096775 against

@@ -75,6 +75,14 @@ def test_greedy_tokens_logprobs_and_finish_reasons_match_hf(vllm_engine, hf_engi
     assert vllm_out[1].token_ids[-1] == vllm_engine.tokenizer.convert_tokens_to_ids("</python>")
 
 
+def test_on_the_cpu_the_engine_starts_eager(vllm_engine):
+    """vLLM's CPU build compiles with Inductor off and never reloads its compile cache: each start
+    would compile again for no speed (``rollout.vllm_engine``), so on the CPU the engine starts eager."""
+    from vllm.platforms import current_platform
+
+    assert vllm_engine.llm.llm_engine.model_config.enforce_eager is current_platform.is_cpu()
+
+
 def test_length_limit_and_stats(vllm_engine, prompts):
     before = vllm_engine.stats.generated_tokens, vllm_engine.stats.prefill_tokens_requested
     out = vllm_engine.generate(prompts[:2], greedy(3))
