@@ -67,6 +67,20 @@ def vllm_lora_rank(rank: int) -> int:
     raise ValueError(f"lora.rank {rank} is above vLLM's largest max_lora_rank, {VLLM_LORA_RANKS[-1]}")
 
 
+def _on_the_cpu(model_path: str, max_model_len: int | None, llm_kwargs: dict) -> dict:
+    """``llm_kwargs`` with vLLM 0.32's CPU defaults. Eager: its CPU build compiles the graph with Inductor
+    off and never loads its compile cache back ("'function' object has no attribute 'finalize_loading'"),
+    so each start compiled again for no speed (SmolLM2-135M, 2 cores: started in 190 s compiled, 37 s
+    eager; 69 and 73 tokens/s). Whole prefills: a seeded request whose prefill is split over two steps
+    has its generator rewound, which a CPU generator cannot do ("CPU Generator does not use offset")."""
+    arguments = {"enforce_eager": True, **llm_kwargs}
+    if "enable_chunked_prefill" not in llm_kwargs:
+        longest = max_model_len or AutoConfig.from_pretrained(model_path).max_position_embeddings
+        budget = max(llm_kwargs.get("max_num_batched_tokens") or CPU_BATCHED_TOKENS, longest)
+        arguments.update(enable_chunked_prefill=False, max_num_batched_tokens=budget)
+    return arguments
+
+
 @contextmanager
 def _environment(values: Mapping[str, str]):
     """``values`` set in ``os.environ`` inside the block, the old values back after it."""
@@ -141,20 +155,8 @@ class VLLMEngine:
                 "cpu_reserved_cores": cpu_reserved_cores,
             }
         )
-        if current_platform.is_cpu() and "enable_chunked_prefill" not in llm_kwargs:
-            # vLLM 0.32 on CPU: a seeded request whose prefill is split over two steps has its
-            # sample discarded and its generator rewound, which a CPU generator cannot do (the
-            # engine dies: "CPU Generator does not use offset"). Whole prefills avoid the split.
-            longest = max_model_len or AutoConfig.from_pretrained(model_path).max_position_embeddings
-            budget = max(llm_kwargs.get("max_num_batched_tokens") or CPU_BATCHED_TOKENS, longest)
-            llm_kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=budget)
         if current_platform.is_cpu():
-            # vLLM 0.32 on CPU compiles the model's graph with Inductor off and never loads its
-            # compile cache back ("'function' object has no attribute 'finalize_loading'"), so
-            # each start compiled again for no speed: SmolLM2-135M on 2 cores started in 190 s
-            # compiled and 37 s eager, then sampled 69 and 73 tokens/s (engine_options:
-            # {enforce_eager: false} compiles)
-            llm_kwargs.setdefault("enforce_eager", True)
+            llm_kwargs = _on_the_cpu(model_path, max_model_len, llm_kwargs)
         if merge_adapter is None:
             merge_adapter = current_platform.is_cpu()
         if lora is not None and not merge_adapter:
