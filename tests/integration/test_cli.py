@@ -22,11 +22,13 @@ def test_rllib_train_file_tiny_yaml_in_a_ray_started_again_writes_tensorboard_an
 
     It runs in a Ray started again: Tune's registry of trainables lives in the Ray session, so
     after ``ray.shutdown()`` and a new ``ray.init()`` (a notebook, or this pytest process between
-    test files) ``run: ARPO`` must still be known. (Without train_file's ``register_trainables()``
-    this test still passed on Ray 2.60, though Tune's registry holds no "ARPO" after a restart:
-    what else registers it on this path is not known yet.)"""
+    test files) ``run: ARPO`` must still be known. The algorithm module is imported before the
+    restart, as in a notebook: its import registers the trainables in the Ray of that moment, so
+    imported only by ``main`` after the restart it would register them itself. (Broken on purpose:
+    without train_file's ``register_trainables()``, "Unknown trainable: ARPO".)"""
     import ray
 
+    import rllib_arpo.algorithm  # noqa: F401  (registers the trainables in the Ray before the restart)
     from rllib_arpo.cli import main
 
     ray.shutdown()
