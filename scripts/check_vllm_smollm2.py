@@ -34,19 +34,15 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--questions", type=int, default=6)
     parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--compile", action="store_true", help="compile the model's graph (the CPU runs it eager)")
+    parser.add_argument("--compile", action="store_true", help="compile the graph on the CPU too")
     args = parser.parse_args()
     from rllib_arpo.rollout.vllm_engine import VLLMEngine
 
     path = resolve_model_path(args.model)
     start = time.perf_counter()
+    compile_graph = {"enforce_eager": False} if args.compile else {}  # else the engine's default: eager on the CPU
     vllm = VLLMEngine(
-        path,
-        dtype="float32",
-        gpu_memory_utilization=0.3,
-        max_model_len=2048,
-        block_size=32,
-        enforce_eager=not args.compile,
+        path, dtype="float32", gpu_memory_utilization=0.3, max_model_len=2048, block_size=32, **compile_graph
     )
     started = time.perf_counter() - start
     hf = HFEngine.from_pretrained(path, dtype=torch.float32)
