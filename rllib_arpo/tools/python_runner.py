@@ -2,8 +2,11 @@
 interpreter runs, the child's environment, and the probe whether that runner starts under
 bubblewrap here.
 
-The tool starts the interpreter with ``-I -S -u`` and ``RUNNER``, a small runner that receives
-the code on stdin and then:
+The tool starts the interpreter with ``runner_command``: ``-s -S -u`` (no user site-packages, no
+``site`` start-up, unbuffered), the environment ``ENVIRONMENT`` and nothing else of the parent's
+(its only ``PYTHON*`` variable fixes the hash seed, so ``print(set_of_words)`` prints the same at
+every call, on a replay and on a resume) and ``RUNNER``, a small runner that receives the code on
+stdin and then:
 
 - puts the interpreter's site-packages directories and the configured ``site_packages`` on
   ``sys.path`` (numpy or sympy, where they are installed there, import as usual) without running
@@ -46,7 +49,10 @@ or a deadline did. The parent strips it from the answer."""
 RUNNER = (
     f"ran_to_its_end = {RAN_TO_ITS_END!r}\n"
     + """\
-import os, resource, site, sys
+import sys
+if "" in sys.path:  # the working directory, which -c puts first (the isolated mode's -I would not)
+    sys.path.remove("")
+import os, resource, site
 from _ast import PyCF_ONLY_AST, Expr, Expression
 
 cpu_s, memory_bytes, max_processes, max_file_bytes, uid = map(int, sys.argv[1:6])
@@ -95,11 +101,22 @@ ENVIRONMENT = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "LANG": "C.UTF-8",
     "OMP_NUM_THREADS": "1",  # BLAS thread pools would run into RLIMIT_NPROC
+    "PYTHONHASHSEED": "0",  # the same code prints a set or a dict's keys in the same order at every call
 }
-"""The child's whole environment (the runner keeps these and sets ``HOME`` and ``TMPDIR``)."""
+"""The child's whole environment (the runner keeps the first three and sets ``HOME`` and
+``TMPDIR``). It is why the child does not start in isolated mode (``-I`` ignores ``PYTHON*``
+variables, the hash seed too): nothing else of the parent's environment reaches it anyway."""
 INTERPRETER = getattr(sys, "_base_executable", None) or sys.executable
-"""The base interpreter, not a virtual environment's: the code runs in isolated mode (``-I``) with the
+"""The base interpreter, not a virtual environment's: the code runs without ``site`` start-up with the
 base interpreter's packages, and a venv may live where the sandbox does not show it."""
+
+
+def runner_command(interpreter: str, *arguments: object) -> list[str]:
+    """The child's command line: ``interpreter`` running ``RUNNER`` with ``arguments`` (CPU
+    seconds, address space bytes, processes, file bytes, the uid to drop to or -1, the working
+    directory, site-packages directories); it runs with ``env=ENVIRONMENT``."""
+    return [interpreter, "-s", "-S", "-u", "-c", RUNNER, *map(str, arguments)]
+
 
 _probe_lock = threading.Lock()
 
@@ -124,8 +141,8 @@ def _probe(interpreter: str, site_packages: tuple[str, ...]) -> str:
         with CallUid() as uid:
             seccomp = filter_pipe()
             prefix = bwrap_command(interpreter, site_packages, 1 << 20, seccomp, as_root)
-            runner = [interpreter, "-I", "-S", "-u", "-c", RUNNER, "30", str(1 << 30), "32", str(1 << 20)]
-            command = [*prefix, *runner, str(uid if as_root else -1), "/tmp/python-tool-probe"]
+            limits = (30, 1 << 30, 32, 1 << 20)
+            command = [*prefix, *runner_command(interpreter, *limits, uid if as_root else -1, "/tmp/python-tool-probe")]
             probe = subprocess.run(
                 command, input=b"pass", capture_output=True, timeout=60, cwd="/", env=ENVIRONMENT, pass_fds=(seccomp,)
             )

@@ -1,9 +1,9 @@
 """The ``python`` tool: runs the model's code in a fresh, resource-limited, isolated interpreter.
 
 Each call starts the interpreter (by default the base interpreter of this one, not a virtual
-environment's) with ``-I -S -u`` (isolated mode: no ``PYTHON*`` variables, no user site-packages;
-no ``site`` start-up; unbuffered, so output printed before a timeout is kept) with the runner of
-``tools.python_runner``, which receives the code on stdin, sets the resource limits, leaves root,
+environment's) with ``-s -S -u`` (no user site-packages; no ``site`` start-up; unbuffered, so output
+printed before a timeout is kept), an environment of its own with a fixed hash seed, and the runner
+of ``tools.python_runner``, which receives the code on stdin, sets the resource limits, leaves root,
 keeps nothing of the parent's environment and runs the code in a private working directory,
 printing the value of a last expression (see there).
 
@@ -56,7 +56,7 @@ from rllib_arpo.tools.isolation import (
     bwrap_command,
     filter_pipe,
 )
-from rllib_arpo.tools.python_runner import ENVIRONMENT, INTERPRETER, RAN_TO_ITS_END, RUNNER, namespaces_refusal
+from rllib_arpo.tools.python_runner import ENVIRONMENT, INTERPRETER, RAN_TO_ITS_END, namespaces_refusal, runner_command
 
 _READ_CHUNK_BYTES = 1 << 16
 _EXIT_POLL_S = 0.1
@@ -157,8 +157,7 @@ class PythonTool:
     def _command(self, prefix: list[str], limits: tuple[int, ...], uid: int, workdir: str) -> list[str]:
         """``prefix`` + the runner with ``limits`` (CPU seconds, address space bytes, processes,
         file bytes), the uid to drop to (-1: none) and its working directory."""
-        arguments = [*limits, uid, workdir, *self.site_packages]
-        return [*prefix, self.interpreter, "-I", "-S", "-u", "-c", RUNNER, *map(str, arguments)]
+        return [*prefix, *runner_command(self.interpreter, *limits, uid, workdir, *self.site_packages)]
 
     def _start_best_effort(self, refusal: str) -> None:
         """Checks and prepares the plain-subprocess fallback of ``best_effort``; warns once."""

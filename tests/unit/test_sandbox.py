@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -276,6 +277,19 @@ def test_parent_environment_is_unreadable(tool, monkeypatch):
     text = run(tool, code)
     assert secret not in text
     assert last_line(text).startswith("FileNotFoundError:")  # not in the PID namespace
+
+
+SAME_EVERY_CALL = "print(hash('arpo'), list({'tool', 'call', 'tree', 'fork', 'rollout'}))"
+
+
+def test_the_same_code_answers_the_same_at_every_call(tool, unconfined):
+    """The hash seed is fixed (0), so a set's order is the same at every call, as a replay and a
+    resume need (what the interpreter prints with PYTHONHASHSEED=0); the working directory, where
+    the code writes its files, is not on ``sys.path``."""
+    seeded = [unconfined.interpreter, "-c", SAME_EVERY_CALL]
+    fixed = subprocess.run(seeded, env={"PYTHONHASHSEED": "0"}, capture_output=True, text=True, check=True).stdout
+    assert tool(SAME_EVERY_CALL) == tool(SAME_EVERY_CALL) == unconfined(SAME_EVERY_CALL) == fixed.strip()
+    assert tool("import sys\n'' in sys.path") == "False"
 
 
 def test_killing_the_parent_or_the_trainer_fails(tool):
