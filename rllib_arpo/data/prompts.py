@@ -23,9 +23,12 @@ the decoded text, so a stop string is found whichever tokens spell it.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Mapping
 
 from rllib_arpo.data.examples import PromptExample
+from rllib_arpo.tools.mcp import MCPTool
 
 TIR_SYSTEM_PROMPT = (
     "Answer the question step by step. Think inside <think> </think>. To look facts up, write a "
@@ -39,6 +42,37 @@ TIR_SYSTEM_PROMPT = (
 def tir_messages(question: str, system_prompt: str = TIR_SYSTEM_PROMPT) -> tuple[dict[str, str], ...]:
     """The chat messages of a question: ARPO's system prompt, then the question from the user."""
     return ({"role": "system", "content": system_prompt}, {"role": "user", "content": question})
+
+
+MCP_TOOLS_HEADER = (
+    "More tools: call one by writing its arguments as a JSON object inside its tags, e.g. "
+    '<name>{"argument": value}</name>; its output comes back inside <result> </result>.'
+)
+"""The first line of the MCP tools' description (``with_mcp_tools``); a line per tool follows."""
+
+
+def with_mcp_tools(example: PromptExample, tools: Mapping[str, object]) -> PromptExample:
+    """``example`` with the MCP tools among ``tools`` (``tools.mcp.MCPTool``) described after its
+    system message: ``MCP_TOOLS_HEADER``, then ``- <tag>: description Arguments: {JSON schema}``
+    a tool, in the order of ``tools``; a prompt without a system message gets one, a plain-text
+    prompt gets the description before it. ``example`` itself where none is an MCP tool. A
+    tokenizer without a chat template reads no system message (``plain_text``)."""
+    lines = [
+        f"- <{tag}>: {tool.description} Arguments: {json.dumps(tool.input_schema, sort_keys=True)}"
+        for tag, tool in tools.items()
+        if isinstance(tool, MCPTool)
+    ]
+    if not lines:
+        return example
+    description = "\n".join([MCP_TOOLS_HEADER, *lines])
+    if isinstance(example.prompt, str):
+        return dataclasses.replace(example, prompt=f"{description}\n\n{example.prompt}")
+    messages = [dict(message) for message in example.prompt]
+    if messages and messages[0].get("role") == "system":
+        messages[0]["content"] = f"{messages[0]['content']}\n\n{description}"
+    else:
+        messages.insert(0, {"role": "system", "content": description})
+    return dataclasses.replace(example, prompt=tuple(messages))
 
 
 def question_prompt(question: str) -> str:

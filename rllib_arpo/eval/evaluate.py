@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 from rllib_arpo.core.branching import NoBranching
 from rllib_arpo.core.settings import from_config
 from rllib_arpo.data.examples import PromptExample
-from rllib_arpo.data.prompts import encode_prompt
+from rllib_arpo.data.prompts import encode_prompt, with_mcp_tools
 from rllib_arpo.data.registry import DATASET_LOADERS, load_dataset
 from rllib_arpo.eval.saved_trees import tree_record
 from rllib_arpo.rewards.scores import RewardBreakdown, accuracy, pass_at_k
@@ -99,7 +99,8 @@ def rollout_questions(
     episodes: Episodes | None = None,
 ) -> list[QuestionResult]:
     """``samples`` scored trajectories of every question, rolled out ``chunk_size`` questions per
-    ``TreeRollout.run`` call (chunk c uses seed ``seed + c``). Lengths and tool-call limits come
+    ``TreeRollout.run`` call (chunk c uses seed ``seed + c``), each prompt with the MCP tools
+    among ``tools`` described (``with_mcp_tools``). Lengths and tool-call limits come
     from ``rollout_settings``; the budget is ``samples`` trajectories per question, no branching;
     ``episodes``: the run's environment, where it has one."""
     if not examples:
@@ -113,7 +114,8 @@ def rollout_questions(
     chunks = range(0, len(examples), chunk_size)
     for chunk, begin in enumerate(tqdm(chunks, desc="questions", unit="chunk", disable=not progress)):
         batch = examples[begin : begin + chunk_size]
-        prompts, rows = [encode_prompt(tokenizer, example) for example in batch], [example.row() for example in batch]
+        prompts = [encode_prompt(tokenizer, with_mcp_tools(example, tools.tools)) for example in batch]
+        rows = [example.row() for example in batch]
         trees, _ = rollout.run(prompts, seed=seed + chunk, rows=rows)
         for example, tree, scores in zip(
             batch, trees, score_trees(trees, batch, tokenizer, reward_settings, rollout.tool_names)

@@ -153,6 +153,7 @@ def check_datasets_and_tools(config) -> None:
     from rllib_arpo.data.registry import load_dataset
     from rllib_arpo.eval.evaluate import held_out_dataset
     from rllib_arpo.tools.base import TOOLS
+    from rllib_arpo.tools.mcp import is_mcp
 
     keys = ["dataset"]
     if config.held_out_interval or config.held_out_dataset is not None:
@@ -165,6 +166,9 @@ def check_datasets_and_tools(config) -> None:
         except (ValueError, TypeError, OSError) as error:
             raise ConfigError(f"{key}: {' '.join(str(error).split())}") from None
     for name, options in config.tools.items():
+        if is_mcp(options):
+            _check_mcp_server(name, options)
+            continue
         try:
             tool_class = TOOLS.get(name)
         except ValueError as error:
@@ -177,6 +181,17 @@ def check_datasets_and_tools(config) -> None:
             tools_for_dataset(config.tools, spec)
         except ValueError as error:
             raise ConfigError(f"{error} (for {key})") from None
+
+
+def _check_mcp_server(name: str, options: Mapping[str, Any]) -> None:
+    """The MCP server of ``tools.NAME`` starts and lists the tools the entry names (all: at least
+    one); it is stopped again."""
+    from rllib_arpo.tools.base import ToolExecutor, build_tools
+
+    try:
+        ToolExecutor(build_tools({name: options})).close()
+    except ValueError as error:
+        raise ConfigError(" ".join(str(error).split())) from None
 
 
 def _check_arguments(where: str, function, options: Mapping[str, Any]) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,7 +39,7 @@ from rllib_arpo.core.settings import from_config
 from rllib_arpo.core.tree import RolloutTree
 from rllib_arpo.data.dataset_tools import tools_for_dataset
 from rllib_arpo.data.prompt_stream import PromptStream
-from rllib_arpo.data.prompts import encode_prompt
+from rllib_arpo.data.prompts import encode_prompt, with_mcp_tools
 from rllib_arpo.data.registry import load_dataset
 from rllib_arpo.models.lora import LoraSettings
 from rllib_arpo.models.spaces import placeholder_spaces
@@ -106,14 +106,15 @@ def build_engine(config):
     )
 
 
-def next_prompts(stream: PromptStream, tokenizer, count: int, max_tokens: int | None):
+def next_prompts(stream: PromptStream, tokenizer, count: int, max_tokens: int | None, tools: Mapping | None = None):
     """(examples, their prompt token ids, how many were skipped): the next ``count`` prompts of
-    ``stream`` of at most ``max_tokens`` tokens (None: any length). Raises ValueError when a
-    whole pass over the stream's examples finds none short enough."""
+    ``stream`` of at most ``max_tokens`` tokens (None: any length), each prompt with the MCP
+    tools among ``tools`` described (``with_mcp_tools``). Raises ValueError when a whole pass
+    over the stream's examples finds none short enough."""
     examples, prompts, skipped, since_last_kept = [], [], 0, 0
     while len(examples) < count:
         for example in stream.next_batch(count - len(examples)):
-            ids = encode_prompt(tokenizer, example)
+            ids = encode_prompt(tokenizer, with_mcp_tools(example, tools or {}))
             if max_tokens is not None and len(ids) > max_tokens:
                 skipped += 1
                 since_last_kept += 1
@@ -188,7 +189,7 @@ class ARPOEnvRunner(EnvRunner, Checkpointable):
         cfg = self.config
         start = time.perf_counter()
         examples, prompts, skipped = next_prompts(
-            self.prompts, self.tokenizer, cfg.prompts_per_env_runner, cfg.max_prompt_tokens
+            self.prompts, self.tokenizer, cfg.prompts_per_env_runner, cfg.max_prompt_tokens, self.tools.tools
         )
         self.metrics.log_value("prompts_skipped_too_long", skipped, window=1)
         drawn = len(examples) + skipped  # skipped prompts were drawn from the shard too

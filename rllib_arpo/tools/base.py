@@ -24,6 +24,7 @@ from typing import Protocol, TypeVar
 
 from rllib_arpo.core.registry import Registry
 from rllib_arpo.core.time_limit import call_with_time_limit
+from rllib_arpo.tools.mcp import is_mcp, mcp_tools
 
 logger = logging.getLogger(__name__)
 
@@ -59,13 +60,22 @@ TOOLS = ToolRegistry("tool")
 
 
 def build_tools(spec: Mapping[str, Mapping[str, object]]) -> dict[str, Tool]:
-    """Creates tools from config, e.g. ``{"python": {"timeout_s": 5}, "search": {"backend": "bm25", ...}}``.
+    """Creates tools from config, e.g. ``{"python": {"timeout_s": 5}, "search": {"backend": "bm25", ...}}``,
+    by tag; an entry ``{NAME: {"type": "mcp", ...}}`` starts an MCP server and gives its tools
+    (``tools.mcp.mcp_tools``: tags ``NAME_TOOL``).
 
-    Raises ValueError for an unknown tool name (listing the registered ones) or for keyword
-    arguments the tool's constructor does not accept.
+    Raises ValueError for an unknown tool name (listing the registered ones), for keyword
+    arguments the tool's constructor does not accept, or for an MCP server that cannot be used
+    (the message starts with ``tools.NAME: ``).
     """
     tools: dict[str, Tool] = {}
     for name, kwargs in spec.items():
+        if is_mcp(kwargs):
+            try:
+                tools.update(mcp_tools(name, kwargs))
+            except ValueError as error:
+                raise ValueError(f"tools.{name}: {error}") from None
+            continue
         cls = TOOLS.get(name)
         kwargs = dict(kwargs or {})
         try:
@@ -194,7 +204,12 @@ class ToolExecutor:
         return flat
 
     def close(self) -> None:
+        """Stops the pool, then closes the tools that hold something open (a ``close`` method:
+        an MCP tool's server stops)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        for tool in self.tools.values():
+            if hasattr(tool, "close"):
+                tool.close()
 
     def __enter__(self) -> ToolExecutor:
         return self
