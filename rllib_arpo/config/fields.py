@@ -82,7 +82,9 @@ class ToolSettings:
 
     tools: dict = setting(
         {"search": {"backend": "bm25"}, "python": {}},
-        "`{name: options}` of the registered tools (`search`, `python`, `browse`).",
+        "`{name: options}` of the registered tools (`search`, `python`, `browse`), and of MCP servers, each tool "
+        "of which is a tag `NAME_TOOL` called with JSON arguments: `{NAME: {type: mcp, command: [program, args...] | "
+        "url: ..., tools: [names] (default: all), env: {...}, working_dir: ...}}` (docs/tools.md).",
     )
     stateful_env: dict | None = setting(
         None,

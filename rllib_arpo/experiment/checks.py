@@ -6,7 +6,8 @@ that names the key, e.g. ``experiment 'arpo': tau: expected a number, got 'abc'`
   and the rules between ARPO's fields, the RLlib fields ARPO uses, the model directory,
   ``engine_options`` against the chosen engine's constructor; then RLlib's own), its message made
   to start with the key it names; then what only a run reads when it starts: the datasets (loaded
-  once), the tools and their options (``check_datasets_and_tools``).
+  once), the tools and their options, each MCP server started, its tools listed, and stopped
+  (``check_datasets_and_tools``).
 - ``check_checkpoint_config``: ``checkpoint_config`` against ``tune.CheckpointConfig``.
 - ``check_stop``: every ``stop`` key is a number some result holds: Tune never stops a trial on a
   key its results lack.
@@ -147,7 +148,7 @@ def _check_option_type(name: str, value: Any, annotation: Any) -> None:
 
 def check_datasets_and_tools(config) -> None:
     """The training and held-out datasets load, and every tool of ``tools`` exists and takes its
-    options, with a corpus to search for each dataset."""
+    options (an MCP server starts and lists its tools), with a corpus to search for each dataset."""
     import rllib_arpo.tools  # noqa: F401  (registers the tools)
     from rllib_arpo.data.dataset_tools import tools_for_dataset
     from rllib_arpo.data.registry import load_dataset

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
@@ -35,7 +36,7 @@ logger = logging.getLogger(__name__)
 MCP_TYPE = "mcp"
 """``type:`` of a ``tools`` entry that names an MCP server rather than a registered tool."""
 
-MCP_OPTIONS = ("type", "command", "url", "tools", "env")
+MCP_OPTIONS = ("type", "command", "url", "tools", "env", "working_dir")
 """The keys of an MCP server's ``tools`` entry."""
 
 START_TIMEOUT_S = 60.0
@@ -170,7 +171,7 @@ class MCPServerConnection:
             raise ValueError(f"command {self._server.command!r} not found") from None
         except Exception as error:
             message = f"{type(_leaf(error)).__name__}: {_leaf(error)}"
-            raise ValueError(f"the MCP server did not start ({message})") from error
+            raise ValueError(f"the MCP server did not answer ({message})") from error
 
     async def _hold(self, ready: Future) -> None:
         """Opens the session, hands the client to ``ready``, and keeps it open until ``_stop``."""
@@ -232,22 +233,27 @@ class MCPTool:
         self.server.close()
 
 
-def _server_of(command: Any, url: Any, env: Any):
-    """What ``mcp.Client`` connects to for the entry's ``command`` or ``url``; ValueError for a
-    malformed entry."""
-    from mcp import StdioServerParameters
+def _server_of(command: Any, url: Any, env: Any, working_dir: Any):
+    """What ``mcp.Client`` connects to for the entry's ``command`` (run in ``working_dir``) or
+    ``url``; ValueError for a malformed entry, or without the ``mcp`` package."""
+    try:
+        from mcp import StdioServerParameters
+    except ModuleNotFoundError as error:
+        raise ValueError(f"MCP servers need the mcp package ({error}): pip install rllib-arpo[mcp]") from None
 
     if (command is None) == (url is None):
         raise ValueError("an MCP server takes exactly one of command (a list: the program and its arguments) and url")
     if url is not None:
-        if not isinstance(url, str) or env is not None:
-            raise ValueError(f"url: expected the server's URL (and no env), got {url!r}")
+        if not isinstance(url, str) or env is not None or working_dir is not None:
+            raise ValueError(f"url: expected the server's URL (and no env nor working_dir), got {url!r}")
         return url
     if not (isinstance(command, list) and command and all(isinstance(part, str) for part in command)):
         raise ValueError(f"command: expected a list of strings (the program and its arguments), got {command!r}")
     if env is not None and not (isinstance(env, Mapping) and all(isinstance(v, str) for v in env.values())):
         raise ValueError(f"env: expected a mapping of names to strings, got {env!r}")
-    return StdioServerParameters(command=command[0], args=command[1:], env=dict(env) if env else None)
+    if working_dir is not None and not (isinstance(working_dir, str) and os.path.isdir(working_dir)):
+        raise ValueError(f"working_dir: {working_dir!r} is not a directory")
+    return StdioServerParameters(command=command[0], args=command[1:], env=dict(env) if env else None, cwd=working_dir)
 
 
 def _chosen(listed: Sequence[Any], names: Any) -> list[Any]:
@@ -268,13 +274,15 @@ def _chosen(listed: Sequence[Any], names: Any) -> list[Any]:
 
 def mcp_tools(name: str, options: Mapping[str, Any]) -> dict[str, MCPTool]:
     """The tools of the MCP server of the ``tools`` entry ``name`` (its ``options``: ``type: mcp``,
-    ``command`` or ``url``, optionally ``tools`` and ``env``), by tag; the server is running.
+    ``command`` or ``url``, optionally ``tools``, ``env`` and ``working_dir``), by tag; the
+    server is running.
     ValueError for unknown keys, a command not found, a server that does not start or lists no
     tools, or a name in ``tools`` it does not list."""
     unknown = sorted(set(options) - set(MCP_OPTIONS))
     if unknown:
         raise ValueError(f"unknown option {unknown[0]!r} of an MCP server (it takes {', '.join(MCP_OPTIONS)})")
-    server = MCPServerConnection(name, _server_of(options.get("command"), options.get("url"), options.get("env")))
+    where = (options.get(key) for key in ("command", "url", "env", "working_dir"))
+    server = MCPServerConnection(name, _server_of(*where))
     try:
         chosen = _chosen(server.list_tools(), options.get("tools"))
     except BaseException:

@@ -1,9 +1,11 @@
-"""The MCP stdio server of tests/unit/test_mcp_tools.py, run as ``[sys.executable, this file]``:
+"""The MCP server of tests/unit/test_mcp_tools.py, run as ``[sys.executable, this file]`` (stdio)
+or ``[sys.executable, this file, PORT]`` (streamable HTTP at ``http://127.0.0.1:PORT/mcp``):
 ``add``, a tool that raises, one that sleeps past the tests' timeout, one that ends its own
 process (a server that dies), and ``pid`` (its process id)."""
 
 import asyncio
 import os
+import sys
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -43,4 +45,7 @@ def pid() -> int:
 
 
 if __name__ == "__main__":
-    server.run()
+    if len(sys.argv) > 1:
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[1]))
+    else:
+        server.run()

@@ -27,7 +27,12 @@ def test_every_quoted_block_equals_its_file(page):
 
 
 def test_the_own_task_page_quotes_the_example_ci_runs():
-    assert set(quotes(ROOT / "docs" / "tasks.md")) == {"examples/own_task/myext.py", "examples/own_task/own_task.yaml"}
+    assert set(quotes(ROOT / "docs" / "tasks.md")) == {
+        "examples/own_task/myext.py",
+        "examples/own_task/own_task.yaml",
+        "examples/mcp/calc_server.py",
+        "examples/mcp/mcp_tiny.yaml",
+    }
 
 
 # Every figure the README prints comes from the results page (docs/benchmarks.md): a README block

@@ -7,7 +7,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +29,7 @@ from rllib_arpo.rollout.settings import RolloutSettings
 from rllib_arpo.tools.base import ToolCall, ToolExecutor, build_tools
 
 SERVER = [sys.executable, str(Path(__file__).with_name("mcp_server.py"))]
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "mcp"
 ADD_SCHEMA = (
     '{"properties": {"a": {"title": "A", "type": "integer"}, "b": {"title": "B", "type": "integer"}}, '
     '"required": ["a", "b"], "title": "addArguments", "type": "object"}'
@@ -145,7 +149,10 @@ def test_tools_names_the_ones_kept_in_its_order_and_the_system_prompt_describes_
     "options, message",
     [
         ({"command": ["no-such-mcp-server"]}, "tools.calc: command 'no-such-mcp-server' not found"),
-        ({"command": [sys.executable, "-c", "pass"]}, "tools.calc: the MCP server did not start (MCPError: Connection"),
+        (
+            {"command": [sys.executable, "-c", "pass"]},
+            "tools.calc: the MCP server did not answer (MCPError: Connection",
+        ),
         (
             {"tools": ["add", "sub"]},
             "tools.calc: the MCP server lists no tool 'sub' (it lists: add, die, fail, pid, slow)",
@@ -154,7 +161,7 @@ def test_tools_names_the_ones_kept_in_its_order_and_the_system_prompt_describes_
         ({"url": "http://localhost:1/mcp"}, "tools.calc: an MCP server takes exactly one of command"),
         (
             {"port": 8000},
-            "tools.calc: unknown option 'port' of an MCP server (it takes type, command, url, tools, env)",
+            "tools.calc: unknown option 'port' of an MCP server (it takes type, command, url, tools, env, working_dir)",
         ),
     ],
 )
@@ -168,6 +175,30 @@ def test_a_bad_server_is_one_line_before_ray_starts(tmp_path, capsys, monkeypatc
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
     assert err.startswith(f"rllib: error: {path}: experiment 'x': {message}")
+
+
+def test_a_server_at_a_url_is_called_over_streamable_http_and_left_running():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([*SERVER, str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while server.poll() is None:  # until it listens (its exit ends the wait, and the test fails below)
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        executor = ToolExecutor(
+            build_tools({"web": {"type": "mcp", "url": f"http://127.0.0.1:{port}/mcp"}}), timeout_s=60
+        )
+        assert run(executor, "web_add", '{"a": 1, "b": 2}') == "3"
+        assert int(run(executor, "web_pid")) == server.pid
+        executor.close()
+        assert server.poll() is None  # not this run's process: closing ends the session only
+    finally:
+        server.kill()
+        server.wait()
 
 
 def test_a_server_that_lists_no_tools_is_refused(tmp_path):
@@ -225,3 +256,23 @@ def test_training_and_evaluation_prompts_describe_the_mcp_tools(tools):
         seed=0,
     )
     assert engine.prompts == [described]
+
+
+def test_the_example_of_docs_tasks_passes_the_check_and_its_server_answers(monkeypatch, capsys):
+    from rllib_arpo.cli import main
+
+    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))  # python
+    assert main(["train", "file", str(EXAMPLE / "mcp_tiny.yaml"), "--dry-run"]) == 0, capsys.readouterr().err
+    server = {"type": "mcp", "command": ["python", "calc_server.py"], "working_dir": str(EXAMPLE)}
+    executor = ToolExecutor(build_tools({"calc": server}), timeout_s=60)
+    assert list(executor.tools) == ["calc_add", "calc_multiply"]
+    assert run(executor, "calc_multiply", '{"a": 6, "b": 7}') == "42.0"
+    executor.close()
+
+
+def test_without_the_mcp_package_an_mcp_entry_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mcp", None)  # None in sys.modules: every import of it fails
+    with pytest.raises(
+        ValueError, match=r"^tools\.calc: MCP servers need the mcp package .*: pip install rllib-arpo\[mcp\]$"
+    ):
+        build_tools(calc())
