@@ -177,10 +177,10 @@ def evaluate_benchmarks(
         for benchmark in benchmarks:
             if progress:
                 print(f"{benchmark.name}: {len(benchmark.examples)} questions x {samples} samples", flush=True)
-            results, minutes = _roll_out(engine, config, benchmark, **choices)
+            results, tags, minutes = _roll_out(engine, config, benchmark, **choices)
             _write_transcripts(output_dir / "transcripts" / f"{benchmark.name}.jsonl", results)
-            metrics = summarize(results, tuple(config.tools), ks)
-            rows.append(_table_row(benchmark.name, len(results), samples, metrics, ks, config.tools, minutes))
+            metrics = summarize(results, tags, ks)
+            rows.append(_table_row(benchmark.name, len(results), samples, metrics, ks, tags, minutes))
             table = _write_table(rows, settings, output_dir)  # after every benchmark: nothing lost on a crash
             write_page(evaluation_page(output_dir), output_dir / PAGE_FILE)
     finally:
@@ -189,9 +189,10 @@ def evaluate_benchmarks(
     return table
 
 
-def _roll_out(engine, config, benchmark: Benchmark, **choices) -> tuple[list[QuestionResult], float]:
+def _roll_out(engine, config, benchmark: Benchmark, **choices) -> tuple[list[QuestionResult], tuple[str, ...], float]:
     """``rollout_questions(..., **choices)`` of the benchmark's questions with its tools (and the
-    run's environment, where it has one), and the minutes it took."""
+    run's environment, where it has one), the tools' tags (an MCP server's entry gives several)
+    and the minutes it took."""
     from rllib_arpo.rollout.episodes import with_environment
     from rllib_arpo.tools.base import ToolExecutor, build_tools
 
@@ -206,7 +207,7 @@ def _roll_out(engine, config, benchmark: Benchmark, **choices) -> tuple[list[Que
     finally:
         if episodes is not None:
             episodes.close()
-    return results, (time.perf_counter() - start) / 60
+    return results, tuple(tools.tools), (time.perf_counter() - start) / 60
 
 
 def _run_settings(
