@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rllib_arpo.data.registry import dataset_documents
+from rllib_arpo.tools.mcp import is_mcp
 
 SEARCH_CORPUS_OPTIONS = ("backend", "corpus_path", "documents", "backend_options")
 """The search tool's options that choose what it searches (``tools.search.SearchTool``)."""
@@ -18,7 +19,7 @@ def tools_for_dataset(tools: Mapping[str, Any], dataset: Mapping[str, Any]) -> d
     tool as configured, which must then name a corpus or a service."""
     tools = dict(tools)
     search = tools.get("search")
-    if search is None:
+    if search is None or is_mcp(search):  # an MCP server named search is not the search tool
         return tools
     documents = dataset_documents(dataset)
     if documents is not None:

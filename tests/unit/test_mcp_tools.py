@@ -18,6 +18,7 @@ import pytest
 if importlib.util.find_spec("mcp") is None:  # an installed but broken mcp fails below, as it should
     pytest.skip("the mcp package is not installed", allow_module_level=True)
 
+from rllib_arpo.data.dataset_tools import tools_for_dataset
 from rllib_arpo.data.examples import PromptExample
 from rllib_arpo.data.prompt_stream import PromptStream
 from rllib_arpo.data.prompts import tir_messages, with_mcp_tools
@@ -276,3 +277,8 @@ def test_without_the_mcp_package_an_mcp_entry_says_what_to_install(monkeypatch):
         ValueError, match=r"^tools\.calc: MCP servers need the mcp package .*: pip install rllib-arpo\[mcp\]$"
     ):
         build_tools(calc())
+
+
+def test_an_mcp_server_named_search_keeps_its_options_whatever_the_dataset():
+    tools = {"search": {"type": "mcp", "command": SERVER}}
+    assert tools_for_dataset(tools, {"type": "tir_task"}) == tools  # the embedded task's corpus is for the search tool
