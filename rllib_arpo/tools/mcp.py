@@ -23,12 +23,12 @@ imports without it.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import os
 import threading
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ class MCPServerConnection:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"mcp-{name}", daemon=True)
         self._thread.start()
-        self._holder: Future | None = None
+        self._ended: concurrent.futures.Future | None = None  # the session's end (``_hold``)
         self._stop: asyncio.Event | None = None
         try:
             self._client = self._open()
@@ -120,7 +120,7 @@ class MCPServerConnection:
         try:
             result = self._run(client.call_tool(tool, dict(arguments)))
         except Exception as error:
-            if not (_connection_closed(error) or self._holder.done()):
+            if not (_connection_closed(error) or self._ended.done()):
                 raise
             with self._lock:
                 self._dead = self._dead or client is self._client
@@ -147,7 +147,7 @@ class MCPServerConnection:
         with self._lock:
             if self._closed:
                 raise MCPServerError(f"MCP server {self.name!r} is closed")
-            if not (self._dead or self._holder.done()):
+            if not (self._dead or self._ended.done()):
                 return self._client
             if self._restarts_left == 0:
                 raise MCPServerError(f"MCP server {self.name!r} died again after its restart")
@@ -163,18 +163,22 @@ class MCPServerConnection:
 
     def _open(self):
         """Starts the server and its session (``_hold``); returns the ``mcp.Client``."""
-        ready: Future = Future()
-        self._holder = asyncio.run_coroutine_threadsafe(self._hold(ready), self._loop)
+        ready, self._ended = concurrent.futures.Future(), concurrent.futures.Future()
+        holder = asyncio.run_coroutine_threadsafe(self._hold(ready, self._ended), self._loop)
         try:
             return ready.result(START_TIMEOUT_S)
         except FileNotFoundError:
             raise ValueError(f"command {self._server.command!r} not found") from None
+        except concurrent.futures.TimeoutError:
+            holder.cancel()  # the session's start is cancelled: a started process is stopped (``_release``)
+            raise ValueError(f"the MCP server did not answer within {START_TIMEOUT_S:g} s") from None
         except Exception as error:
             message = f"{type(_leaf(error)).__name__}: {_leaf(error)}"
             raise ValueError(f"the MCP server did not answer ({message})") from error
 
-    async def _hold(self, ready: Future) -> None:
-        """Opens the session, hands the client to ``ready``, and keeps it open until ``_stop``."""
+    async def _hold(self, ready: concurrent.futures.Future, ended: concurrent.futures.Future) -> None:
+        """Opens the session, hands the client to ``ready``, and keeps it open until ``_stop``;
+        ``ended`` is set once the session has ended (its stdio server stopped)."""
         from mcp import Client
 
         self._stop = stop = asyncio.Event()
@@ -187,15 +191,17 @@ class MCPServerConnection:
                 ready.set_exception(_leaf(error))
             elif not stop.is_set():
                 logger.warning("MCP server %r: its session ended: %r", self.name, _leaf(error))
+        finally:
+            ended.set_result(None)
 
     def _release(self) -> None:
         """Ends the current session (its server stops), waiting at most ``STOP_TIMEOUT_S``."""
-        if self._holder is None or self._stop is None:
+        if self._ended is None or self._stop is None:
             return
         self._loop.call_soon_threadsafe(self._stop.set)
         try:
-            self._holder.result(STOP_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 - a session that will not end is left to its daemon thread
+            self._ended.result(STOP_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:  # a session that will not end is left to its daemon thread
             logger.warning("MCP server %r did not stop within %g s", self.name, STOP_TIMEOUT_S)
 
 

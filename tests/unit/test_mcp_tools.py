@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 if importlib.util.find_spec("mcp") is None:  # an installed but broken mcp fails below, as it should
@@ -200,6 +201,16 @@ def test_a_server_at_a_url_is_called_over_streamable_http_and_left_running():
     finally:
         server.kill()
         server.wait()
+
+
+def test_a_server_that_never_answers_is_refused_and_stopped(monkeypatch):
+    from rllib_arpo.tools import mcp
+
+    monkeypatch.setattr(mcp, "START_TIMEOUT_S", 1.0)
+    mute = [sys.executable, "-c", "import time; time.sleep(600)  # mute server"]
+    with pytest.raises(ValueError, match=r"^tools\.mute: the MCP server did not answer within 1 s$"):
+        build_tools({"mute": {"type": "mcp", "command": mute}})
+    assert not [child for child in psutil.Process().children() if "mute server" in " ".join(child.cmdline())]
 
 
 def test_a_server_that_lists_no_tools_is_refused(tmp_path):
