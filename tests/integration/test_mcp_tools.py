@@ -2,15 +2,10 @@
 examples/mcp, every tool it lists is a tag of the run (each with its metric), and the server stops
 with the algorithm (the tools' own behaviour: tests/unit/test_mcp_tools.py)."""
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import psutil
-import pytest
-
-if importlib.util.find_spec("mcp") is None:
-    pytest.skip("the mcp package is not installed", allow_module_level=True)
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "mcp"
 

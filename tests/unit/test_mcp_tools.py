@@ -4,7 +4,6 @@ system prompt, the ``tools:`` filter, the config check's one-line errors, and it
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import socket
@@ -15,9 +14,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
-if importlib.util.find_spec("mcp") is None:  # an installed but broken mcp fails below, as it should
-    pytest.skip("the mcp package is not installed", allow_module_level=True)
 
 from rllib_arpo.data.dataset_tools import tools_for_dataset
 from rllib_arpo.data.examples import PromptExample
