@@ -84,6 +84,7 @@ class IsolatedEnvironment:
         context = preloaded(cls)
         self._cls, self.timeout_s = cls, timeout_s
         self._lock = threading.Lock()  # one request at a time on the pipe (forks clone a parent at once)
+        self._kill_lock = threading.Lock()  # kill() comes from the call's thread and from a watchdog's
         self._connection, child_end = context.Pipe()
         self._process = context.Process(
             target=serve, args=(child_end, cls, dict(options or {}), pickled), name="environment", daemon=True
@@ -121,20 +122,37 @@ class IsolatedEnvironment:
         """The real ``close()`` where it has one, then the child exits (killed where it does not
         answer within ``timeout_s``: an ``EnvironmentTimeout``)."""
         try:
-            if self._process.is_alive():
+            if self._join(0) is None:
                 self._call("close")
         except EnvironmentProcessDied:
             pass
         finally:
-            self._process.join(1.0)
+            self._join(1.0)
             self.kill()
 
     def kill(self) -> None:
-        """End the child at once (SIGKILL), whatever it is doing; a call waiting on it raises."""
-        if self._process.is_alive():
-            self._process.kill()
-        self._process.join()
-        self._connection.close()
+        """End the child at once (SIGKILL), whatever it is doing; a call waiting on it raises.
+        The pipe is closed by the thread that holds the request lock: here where no call is in
+        flight, else by the call, which reads the pipe's end (``_died``). Closing it under a call
+        that another thread is in closed its file descriptor twice when both ended at once, the
+        second time another file's that had taken its number meanwhile."""
+        with self._kill_lock:
+            if self._process.is_alive():
+                self._process.kill()
+            self._process.join()
+        if self._lock.acquire(blocking=False):
+            try:
+                self._connection.close()
+            finally:
+                self._lock.release()
+
+    def _join(self, timeout_s: float | None) -> int | None:
+        """Waits at most ``timeout_s`` for the child to end; its exit code (None: it runs). Under
+        the kill lock: two threads reading the child's exit status at once, one would read it and
+        the other an end of file (exit code 255)."""
+        with self._kill_lock:
+            self._process.join(timeout_s)
+            return self._process.exitcode
 
     def _call(self, method: str, *args: Any) -> Any:
         with self._lock:
@@ -153,15 +171,16 @@ class IsolatedEnvironment:
             raise self._died() from None
         if not answered:
             self.kill()
+            self._connection.close()  # the call's thread: its pipe
             raise EnvironmentTimeout(f"did not return within {timeout_s:g} s")
         if answer[0] == "error":
             raise remote_error(*answer[1:])
         return answer[1]
 
     def _died(self) -> EnvironmentProcessDied:
-        self._process.join(1.0)
-        code = self._process.exitcode
+        code = self._join(1.0)
         self.kill()
+        self._connection.close()  # the call's thread: its pipe
         if code is not None and code < 0:
             how = f"was killed by {signal.Signals(-code).name}"
         else:

@@ -15,6 +15,10 @@ import time
 
 import numpy as np
 
+HANG_S = 3600.0
+"""How long a hang of these classes sleeps: a test that returns within ``HANG_S / 60`` (60 s, far
+beyond any process start and kill on a loaded machine) cut the hang off rather than waited."""
+
 
 class Walk:
     """Position 0 at reset; ``step("k")`` moves by k + a draw in {0, 1, 2} of a generator seeded by
@@ -54,14 +58,14 @@ class Crashing(ClonableWalk):
     def reset(self, row):
         self.fault = row.get("fault", self.fault)
         if self.fault == "hangs_at_reset":
-            time.sleep(3600)
+            time.sleep(HANG_S)
         return super().reset(row)
 
     def step(self, action):
         if self.fault == "raises":
             raise KeyError("treasure")
         if self.fault == "hangs":
-            time.sleep(3600)
+            time.sleep(HANG_S)
         if self.fault == "exits":
             os._exit(0)
         return super().step(action)
@@ -72,7 +76,7 @@ class BuildsForever(Walk):
 
     def __init__(self):
         super().__init__()
-        time.sleep(3600)
+        time.sleep(HANG_S)
 
 
 class Locked(ClonableWalk):

@@ -27,7 +27,7 @@ from rllib_arpo.rollout.scoring import score_trees
 from rllib_arpo.rollout.settings import RolloutSettings
 from rllib_arpo.rollout.tree_rollout import TreeRollout
 from rllib_arpo.tools.base import ToolExecutor
-from tests.unit.environment_classes import ClonableWalk, Crashing, Walk
+from tests.unit.environment_classes import HANG_S, ClonableWalk, Crashing, Walk
 from tests.unit.test_isolated_environments import environment_processes
 from tests.unit.test_tree_rollout import TOKENIZER, WINDOW, FixedBranching, ScriptedEngine, Turn
 
@@ -194,7 +194,7 @@ def test_the_dry_run_says_the_environment_is_isolated_and_kills_a_reset_that_han
     config = small_config.tool_use(stateful_env=environment, tool_timeout_s=0.5)
     start = time.monotonic()
     lines = environment_section(PlannedExperiment("crashing", {}, config, 1)).splitlines()
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < HANG_S / 60  # cut off, not waited for
     assert lines[1] == "each copy in a process of its own (isolate: true)"
     assert lines[-1].startswith("(none: reset() did not return within 0.5 s (tool_timeout_s)")
     assert environment_processes() == []
