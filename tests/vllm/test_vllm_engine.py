@@ -1,7 +1,8 @@
 """VLLMEngine against HFEngine on the same warm-started tiny policy (float32, CPU or GPU).
 
 Greedy decoding is deterministic, so both engines must write the same tokens, stop for the same
-reason, and report the same logprobs up to float32 rounding of different kernels. Entropies
+reason, and report the same logprobs up to float32 rounding of different kernels; in a long
+transcript two tokens may tie within that rounding, and the engines may part there (``TIE``). Entropies
 differ by design: HF's is exact over |V| = 1036 tokens, vLLM's is the renormalised top-20
 entropy, checked both against its own formula and against the exact value within the bound the
 dropped tail allows.
@@ -135,6 +136,30 @@ def test_topk_entropy_follows_its_formula_and_stays_within_the_tail_bound(vllm_e
     assert torch.cat(differences).mean() < 0.15
 
 
+TIE = 2 * LOGPROB_ATOL
+"""Two tokens whose exact log-probabilities differ by less than this may swap places in greedy
+decoding between the engines, each of whose log-probabilities are within ``LOGPROB_ATOL``."""
+
+
+def diverged_at_a_tie(v, h, hf_engine) -> bool:
+    """Whether the trees of one prompt that vLLM (``v``) and HF (``h``) wrote part at a tie: their
+    segments are the same up to a model segment whose greedy tokens differ first at a position
+    where HF's log-probabilities of the two tokens are within ``TIE``. False where the trees are
+    the same; any other difference fails."""
+    for a, b in zip(v.segments, h.segments, strict=True):
+        if (a.kind, a.tool_name, a.parent, a.token_ids) == (b.kind, b.tool_name, b.parent, b.token_ids):
+            continue
+        assert (a.kind, a.parent) == (b.kind, b.parent) and a.kind is SegmentKind.MODEL, (a, b)
+        first = next(i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y)
+        context = v.prompt_ids + v.response_ids(a.parent) + a.token_ids[:first]
+        with torch.no_grad():
+            logits = hf_engine.model(torch.tensor([context])).logits[0, -1].float()
+        log_p = torch.log_softmax(logits, dim=-1)
+        assert abs(log_p[a.token_ids[first]] - log_p[b.token_ids[first]]) < TIE
+        return True
+    return False
+
+
 def test_tool_rollout_gives_the_same_transcripts_as_hf(vllm_engine, hf_engine, prompts, task):
     tools = build_tools({"search": {"backend": "bm25", "documents": task.corpus(), "top_k": 3}, "python": {}})
     settings = RolloutSettings(
@@ -143,15 +168,16 @@ def test_tool_rollout_gives_the_same_transcripts_as_hf(vllm_engine, hf_engine, p
     with ToolExecutor(tools, max_workers=2) as executor:
         vllm_trees, _ = TreeRollout(vllm_engine, executor, NoBranching(), settings).run(prompts, seed=0)
         hf_trees, _ = TreeRollout(hf_engine, executor, NoBranching(), settings).run(prompts, seed=0)
-    used_tools, multi_turn = set(), False
+    used_tools, multi_turn, ties = set(), False, 0
     for v, h in zip(vllm_trees, hf_trees, strict=True):
-        assert [(s.kind, s.tool_name, s.parent, s.token_ids) for s in v.segments] == [
-            (s.kind, s.tool_name, s.parent, s.token_ids) for s in h.segments
-        ]
-        assert v.finish_reasons == h.finish_reasons
         used_tools |= {s.tool_name for s in v.segments if s.kind is SegmentKind.TOOL}
         multi_turn |= any(s.kind is SegmentKind.MODEL and s.parent is not None for s in v.segments)
+        if diverged_at_a_tie(v, h, hf_engine):
+            ties += 1
+        else:
+            assert v.finish_reasons == h.finish_reasons
     assert "python" in used_tools and multi_turn  # a real tool ran and the model wrote after its result
+    assert ties <= 1  # of 4 questions x up to 400 tokens
 
 
 def test_update_weights_in_place_matches_hf_under_the_new_weights(vllm_engine, hf_engine, prompts):
