@@ -25,6 +25,7 @@ from rllib_arpo.rollout.engine import Generation
 from rllib_arpo.rollout.env_runner import next_prompts
 from rllib_arpo.rollout.settings import RolloutSettings
 from rllib_arpo.tools.base import ToolCall, ToolExecutor, build_tools
+from tests.unit.test_evaluate import CharTokenizer
 
 SERVER = [sys.executable, str(Path(__file__).with_name("mcp_server.py"))]
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "mcp"
@@ -214,19 +215,6 @@ def test_a_server_that_lists_no_tools_is_refused(tmp_path):
     server.write_text("from mcp.server.mcpserver import MCPServer\n\nMCPServer('empty').run()\n")
     with pytest.raises(ValueError, match=r"^tools\.empty: the MCP server lists no tools$"):
         build_tools({"empty": {"type": "mcp", "command": [sys.executable, str(server)]}})
-
-
-class CharTokenizer:
-    """One token per character; id 0 is the EOS."""
-
-    eos_token_id = pad_token_id = 0
-    chat_template = None
-
-    def encode(self, text, add_special_tokens=False):
-        return [ord(c) for c in text]
-
-    def decode(self, ids, skip_special_tokens=False):
-        return "".join(chr(i) for i in ids if i != 0)
 
 
 class PromptRecorder:
