@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoTokenizer
-from vllm import LLM
+from vllm import LLM, envs
 from vllm import SamplingParams as VLLMSamplingParams
 from vllm.config.lora import MaxLoRARanks
 from vllm.inputs import TokensPrompt
@@ -57,6 +57,11 @@ CPU_BATCHED_TOKENS = 4096
 
 VLLM_LORA_RANKS: tuple[int, ...] = get_args(MaxLoRARanks)
 """The values vLLM takes for ``max_lora_rank`` (its ``LoRAConfig``'s)."""
+
+ENGINE_CORES_RUN_HERE: list[str] = []
+"""The models of the engines whose engine core ran in this process (``engine_process`` false). vLLM
+0.32 cannot start a second one here (its CPU kernel overrides register once per process and fail the
+second time), so every later engine of this process gets processes of its own."""
 
 
 def vllm_lora_rank(rank: int) -> int:
@@ -79,6 +84,13 @@ def _on_the_cpu(model_path: str, max_model_len: int | None, llm_kwargs: dict) ->
         budget = max(llm_kwargs.get("max_num_batched_tokens") or CPU_BATCHED_TOKENS, longest)
         arguments.update(enable_chunked_prefill=False, max_num_batched_tokens=budget)
     return arguments
+
+
+def _in_a_ray_actor() -> bool:
+    """Whether this process is a Ray actor's (not a driver's, nor one without Ray)."""
+    import ray
+
+    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
 
 
 @contextmanager
@@ -127,6 +139,15 @@ class VLLMEngine:
             its scheduler process (``VLLM_CPU_NUM_OF_RESERVED_CPU``); null: vLLM's default, one
             per worker. 0 gives the worker every core, which on 2 cores lets it compute on both
             (the scheduler then shares them).
+        engine_process: vLLM's engine core and its worker in processes of their own
+            (``VLLM_ENABLE_V1_MULTIPROCESSING``), or in this one. null: in this one where it is a Ray
+            actor's (a remote EnvRunner's: nothing else in it computes) on the CPU backend, where each
+            of those processes imported vLLM and torch again for no gain (SmolLM2-135M, 2 cores: the
+            engine started in 9 s instead of 42, at the same tokens/s); processes of their own
+            elsewhere: in the driver (vLLM in this process binds torch's threads to its cores, ignores
+            ``torch.set_num_threads`` after and seeds the global random generators, which a local
+            learner beside it must not inherit), on GPUs (the engine core schedules while the GPU
+            computes), and for every engine after the first of a process (``ENGINE_CORES_RUN_HERE``).
     """
 
     prefers_early_children = False  # on CPU its time follows tokens computed, prefill included
@@ -145,6 +166,7 @@ class VLLMEngine:
         lora: LoraSettings | None = None,
         merge_adapter: bool | None = None,
         cpu_reserved_cores: int | None = None,
+        engine_process: bool | None = None,
         **llm_kwargs,
     ) -> None:
         self.check_options(
@@ -161,8 +183,22 @@ class VLLMEngine:
             merge_adapter = current_platform.is_cpu()
         if lora is not None and not merge_adapter:
             llm_kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(lora.rank))
-        reserved = {} if cpu_reserved_cores is None else {"VLLM_CPU_NUM_OF_RESERVED_CPU": str(cpu_reserved_cores)}
-        with _environment(reserved):  # read by the engine process that LLM starts
+        if engine_process is None:
+            engine_process = not (current_platform.is_cpu() and _in_a_ray_actor()) or bool(ENGINE_CORES_RUN_HERE)
+        elif not engine_process and ENGINE_CORES_RUN_HERE:
+            raise ValueError(
+                "engine_process: false: an engine core already ran in this process, and vLLM cannot start a "
+                "second one in it (its CPU kernels register once per process); use engine_process: true"
+            )
+        environment = {"VLLM_ENABLE_V1_MULTIPROCESSING": str(int(engine_process))}
+        if cpu_reserved_cores is not None:
+            environment["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(cpu_reserved_cores)
+        # read by LLM() and the engine process it may start; an engine core in this process cached the
+        # environment of its start (vllm.envs), which a later engine must not inherit
+        envs.disable_envs_cache()
+        if not engine_process:  # counted before the start: one that fails half-way cannot start again here
+            ENGINE_CORES_RUN_HERE.append(str(model_path))
+        with _environment(environment):
             self.llm = LLM(
                 model=str(model_path),
                 dtype=dtype,

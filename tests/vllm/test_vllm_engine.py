@@ -35,6 +35,7 @@ from rllib_arpo.weights.broadcast import WeightBroadcastGroup  # noqa: E402
 
 TOOL_TAGS = ("</search>", "</python>")
 LOGPROB_ATOL = 1e-3  # two float32 implementations of the same network (different kernels)
+MULTIPROCESSING = "VLLM_ENABLE_V1_MULTIPROCESSING"  # whether vLLM starts its engine core in a process of its own
 
 
 @pytest.fixture(scope="module")
@@ -247,7 +248,7 @@ def test_broadcast_into_the_running_engine_matches_the_reload_from_disk(vllm_eng
     assert [g.token_ids for g in received] != [g.token_ids for g in before]  # the sync changed the policy
 
 
-def test_cpu_reserved_cores_are_in_the_environment_the_engine_process_starts_from(monkeypatch, policy_dir):
+def test_cpu_reserved_cores_and_engine_process_are_in_the_environment_the_engine_starts_from(monkeypatch, policy_dir):
     # vLLM's engine process reads VLLM_CPU_NUM_OF_RESERVED_CPU when LLM() starts it: a stand-in
     # LLM records what it would read, then fails the start
     from rllib_arpo.rollout import vllm_engine
@@ -258,15 +259,26 @@ def test_cpu_reserved_cores_are_in_the_environment_the_engine_process_starts_fro
     seen = []
 
     def llm(**_):
-        seen.append(os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU"))
+        seen.append(tuple(os.environ.get(name) for name in ("VLLM_CPU_NUM_OF_RESERVED_CPU", MULTIPROCESSING)))
         raise Started
 
     monkeypatch.setattr(vllm_engine, "LLM", llm)
     monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
-    for reserved in (0, None, 3):
+    monkeypatch.setenv(MULTIPROCESSING, "the user's")
+    monkeypatch.setattr(vllm_engine, "ENGINE_CORES_RUN_HERE", [])
+    in_an_actor = [False, True, True]  # asked where engine_process is null: a driver, a Ray actor's process twice
+    monkeypatch.setattr(vllm_engine, "_in_a_ray_actor", lambda: in_an_actor.pop(0))
+    for reserved, engine_process in ((0, None), (None, None), (3, None), (None, True)):
         with pytest.raises(Started):
-            vllm_engine.VLLMEngine(str(policy_dir), cpu_reserved_cores=reserved, max_model_len=256)
-    assert seen == ["0", None, "3"]
-    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ  # put back, also after a failed start
+            vllm_engine.VLLMEngine(
+                str(policy_dir), cpu_reserved_cores=reserved, engine_process=engine_process, max_model_len=256
+            )
+    # on the CPU backend, the first engine core of a Ray actor's process runs in it; any other in a process of its own
+    assert seen == [("0", "1"), (None, "0"), ("3", "1"), (None, "1")]
+    assert [str(policy_dir)] == vllm_engine.ENGINE_CORES_RUN_HERE
+    with pytest.raises(ValueError, match="an engine core already ran in this process"):
+        vllm_engine.VLLMEngine(str(policy_dir), engine_process=False)
+    # put back, also after a failed start
+    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ and os.environ[MULTIPROCESSING] == "the user's"
     with pytest.raises(ValueError, match="cpu_reserved_cores must be at least 0, got -1"):
         vllm_engine.VLLMEngine(str(policy_dir), cpu_reserved_cores=-1)
