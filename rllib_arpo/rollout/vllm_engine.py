@@ -28,18 +28,16 @@ weights through the same reload (``merge_adapter``).
 
 from __future__ import annotations
 
-import os
 import tempfile
 from collections.abc import Mapping, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, get_args
 
 import numpy as np
 import torch
 from safetensors.torch import save_file
-from transformers import AutoConfig, AutoTokenizer
-from vllm import LLM, envs
+from transformers import AutoTokenizer
+from vllm import LLM
 from vllm import SamplingParams as VLLMSamplingParams
 from vllm.config.lora import MaxLoRARanks
 from vllm.inputs import TokensPrompt
@@ -48,20 +46,12 @@ from vllm.platforms import current_platform
 
 from rllib_arpo.core.entropy import entropy_from_topk_logprobs
 from rllib_arpo.models.lora import LoraSettings, merged_weights, model_weights, write_adapter
+from rllib_arpo.rollout import vllm_start
 from rllib_arpo.rollout.engine import EngineStats, Generation, SamplingParams
 from rllib_arpo.weights.broadcast import WeightLayout
 
-CPU_BATCHED_TOKENS = 4096
-"""vLLM's default token budget of one engine step on CPU (``max_num_batched_tokens``)."""
-
-
 VLLM_LORA_RANKS: tuple[int, ...] = get_args(MaxLoRARanks)
 """The values vLLM takes for ``max_lora_rank`` (its ``LoRAConfig``'s)."""
-
-ENGINE_CORES_RUN_HERE: list[str] = []
-"""The models of the engines whose engine core ran in this process (``engine_process`` false). vLLM
-0.32 cannot start a second one here (its CPU kernel overrides register once per process and fail the
-second time), so every later engine of this process gets processes of its own."""
 
 
 def vllm_lora_rank(rank: int) -> int:
@@ -70,42 +60,6 @@ def vllm_lora_rank(rank: int) -> int:
         if allowed >= rank:
             return allowed
     raise ValueError(f"lora.rank {rank} is above vLLM's largest max_lora_rank, {VLLM_LORA_RANKS[-1]}")
-
-
-def _on_the_cpu(model_path: str, max_model_len: int | None, llm_kwargs: dict) -> dict:
-    """``llm_kwargs`` with vLLM 0.32's CPU defaults. Eager: its CPU build compiles the graph with Inductor
-    off and never loads its compile cache back ("'function' object has no attribute 'finalize_loading'"),
-    so each start compiled again for no speed (SmolLM2-135M, 2 cores: started in 190 s compiled, 37 s
-    eager; 69 and 73 tokens/s). Whole prefills: a seeded request whose prefill is split over two steps
-    has its generator rewound, which a CPU generator cannot do ("CPU Generator does not use offset")."""
-    arguments = {"enforce_eager": True, **llm_kwargs}
-    if "enable_chunked_prefill" not in llm_kwargs:
-        longest = max_model_len or AutoConfig.from_pretrained(model_path).max_position_embeddings
-        budget = max(llm_kwargs.get("max_num_batched_tokens") or CPU_BATCHED_TOKENS, longest)
-        arguments.update(enable_chunked_prefill=False, max_num_batched_tokens=budget)
-    return arguments
-
-
-def _in_a_ray_actor() -> bool:
-    """Whether this process is a Ray actor's (not a driver's, nor one without Ray)."""
-    import ray
-
-    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
-
-
-@contextmanager
-def _environment(values: Mapping[str, str]):
-    """``values`` set in ``os.environ`` inside the block, the old values back after it."""
-    old = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in old.items():
-            if value is None:
-                os.environ.pop(name)
-            else:
-                os.environ[name] = value
 
 
 class VLLMEngine:
@@ -147,7 +101,7 @@ class VLLMEngine:
             elsewhere: in the driver (vLLM in this process binds torch's threads to its cores, ignores
             ``torch.set_num_threads`` after and seeds the global random generators, which a local
             learner beside it must not inherit), on GPUs (the engine core schedules while the GPU
-            computes), and for every engine after the first of a process (``ENGINE_CORES_RUN_HERE``).
+            computes), and for every engine after the first of a process (``rollout.vllm_start.ENGINE_CORES_RUN_HERE``).
     """
 
     prefers_early_children = False  # on CPU its time follows tokens computed, prefill included
@@ -178,27 +132,12 @@ class VLLMEngine:
             }
         )
         if current_platform.is_cpu():
-            llm_kwargs = _on_the_cpu(model_path, max_model_len, llm_kwargs)
+            llm_kwargs = vllm_start.on_the_cpu(model_path, max_model_len, llm_kwargs)
         if merge_adapter is None:
             merge_adapter = current_platform.is_cpu()
         if lora is not None and not merge_adapter:
             llm_kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(lora.rank))
-        if engine_process is None:
-            engine_process = not (current_platform.is_cpu() and _in_a_ray_actor()) or bool(ENGINE_CORES_RUN_HERE)
-        elif not engine_process and ENGINE_CORES_RUN_HERE:
-            raise ValueError(
-                "engine_process: false: an engine core already ran in this process, and vLLM cannot start a "
-                "second one in it (its CPU kernels register once per process); use engine_process: true"
-            )
-        environment = {"VLLM_ENABLE_V1_MULTIPROCESSING": str(int(engine_process))}
-        if cpu_reserved_cores is not None:
-            environment["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(cpu_reserved_cores)
-        # read by LLM() and the engine process it may start; an engine core in this process cached the
-        # environment of its start (vllm.envs), which a later engine must not inherit
-        envs.disable_envs_cache()
-        if not engine_process:  # counted before the start: one that fails half-way cannot start again here
-            ENGINE_CORES_RUN_HERE.append(str(model_path))
-        with _environment(environment):
+        with vllm_start.start_environment(engine_process, cpu_reserved_cores, str(model_path)):
             self.llm = LLM(
                 model=str(model_path),
                 dtype=dtype,

@@ -251,7 +251,7 @@ def test_broadcast_into_the_running_engine_matches_the_reload_from_disk(vllm_eng
 def test_cpu_reserved_cores_and_engine_process_are_in_the_environment_the_engine_starts_from(monkeypatch, policy_dir):
     # vLLM's engine process reads VLLM_CPU_NUM_OF_RESERVED_CPU when LLM() starts it: a stand-in
     # LLM records what it would read, then fails the start
-    from rllib_arpo.rollout import vllm_engine
+    from rllib_arpo.rollout import vllm_engine, vllm_start
 
     class Started(Exception):
         pass
@@ -265,9 +265,9 @@ def test_cpu_reserved_cores_and_engine_process_are_in_the_environment_the_engine
     monkeypatch.setattr(vllm_engine, "LLM", llm)
     monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
     monkeypatch.setenv(MULTIPROCESSING, "the user's")
-    monkeypatch.setattr(vllm_engine, "ENGINE_CORES_RUN_HERE", [])
+    monkeypatch.setattr(vllm_start, "ENGINE_CORES_RUN_HERE", [])
     in_an_actor = [False, True, True]  # asked where engine_process is null: a driver, a Ray actor's process twice
-    monkeypatch.setattr(vllm_engine, "_in_a_ray_actor", lambda: in_an_actor.pop(0))
+    monkeypatch.setattr(vllm_start, "in_a_ray_actor", lambda: in_an_actor.pop(0))
     for reserved, engine_process in ((0, None), (None, None), (3, None), (None, True)):
         with pytest.raises(Started):
             vllm_engine.VLLMEngine(
@@ -275,7 +275,7 @@ def test_cpu_reserved_cores_and_engine_process_are_in_the_environment_the_engine
             )
     # on the CPU backend, the first engine core of a Ray actor's process runs in it; any other in a process of its own
     assert seen == [("0", "1"), (None, "0"), ("3", "1"), (None, "1")]
-    assert [str(policy_dir)] == vllm_engine.ENGINE_CORES_RUN_HERE
+    assert [str(policy_dir)] == vllm_start.ENGINE_CORES_RUN_HERE
     with pytest.raises(ValueError, match="an engine core already ran in this process"):
         vllm_engine.VLLMEngine(str(policy_dir), engine_process=False)
     # put back, also after a failed start
