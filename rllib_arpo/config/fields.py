@@ -89,9 +89,9 @@ class ToolSettings:
     stateful_env: dict | None = setting(
         None,
         "An environment with state the policy acts on, each trajectory in its own copy: `{name: python_session | "
-        "gymnasium | module:Class, isolate: true | false, **options}` (docs/tasks.md); `isolate` runs each instance "
-        "in a process of its own, killed when a call passes tool_timeout_s (default: true for your own class, false "
-        "for the built-in ones); a tool named like its action tag gives way to it.",
+        "gymnasium | openenv | module:Class, isolate: true | false, **options}` (docs/tasks.md); `isolate` runs "
+        "each instance in a process of its own, killed when a call passes tool_timeout_s (default: true for your own "
+        "class, false for the built-in ones); a tool named like its action tag gives way to it.",
     )
     tool_workers: int = setting(8, "Threads running a round's tool calls (and environment steps) in parallel.")
     tool_timeout_s: float = setting(

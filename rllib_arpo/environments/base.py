@@ -14,6 +14,8 @@ The protocol, for a class named by the config's ``stateful_env`` (``{name: ..., 
     step(action: str) -> (observation: str, reward: float, done: bool, info: dict)
     clone() -> Environment            # optional: an independent copy in the same state
     close() -> None                   # optional: frees what the instance holds
+    open_shared(options) -> None      # optional classmethod: starts what every instance shares (a
+                                      # server), before the first is built, so tool_timeout_s does not bound it
 
 ``reset`` must give the same first observation for the same row (a row that needs randomness
 carries its seed): that observation is appended to the prompt, which every trajectory of the row
@@ -121,6 +123,12 @@ def resolve_environment(spec: Any, timeout_s: float) -> EnvironmentSpec | None:
     isolate = spec.get("isolate", ":" in name or not cls.__module__.startswith("rllib_arpo."))
     if not isinstance(isolate, bool):
         raise ValueError(f"stateful_env: isolate must be true or false, got {isolate!r}")
+    open_shared = getattr(cls, "open_shared", None)
+    if callable(open_shared):
+        try:
+            open_shared(options)
+        except ValueError as error:
+            raise ValueError(f"stateful_env: {name!r}: {error}") from None
     key = (cls, json.dumps(options, sort_keys=True, default=repr), isolate, timeout_s)
     if key not in _CHECKED_SPECS:
         _CHECKED_SPECS[key] = _checked_spec(EnvironmentSpec(name, cls, options, isolate=isolate), timeout_s)

@@ -49,3 +49,50 @@ def test_a_users_environment_runs_isolated_in_a_remote_runner(ray_session, small
     assert runners["env/resets"] == 2 and runners["env/errors"] == 0 and runners["env/killed"] == 0
     assert runners["env/steps"] >= runners["env/clones"] >= 1 and runners["branches"] >= 1
     assert runners["env/forks"] <= runners["env/clones"] and runners["env/replays"] == 0
+
+
+def test_a_python_session_served_by_openenv_trains_in_a_remote_runner_and_its_server_stops_with_it(
+    ray_session, small_config
+):
+    """The first test's run with the session behind an OpenEnv server that the EnvRunner starts
+    (examples/openenv/session_server.py): each trajectory a session of it, and the server gone once
+    the EnvRunner is."""
+    import os
+
+    import psutil
+
+    config = (
+        small_config.env_runners(num_env_runners=1)
+        .tool_use(
+            tools={"search": {"backend": "bm25", "top_k": 2}, "python": {"timeout_s": 5}},
+            stateful_env={
+                "name": "openenv",
+                "env": "examples.openenv.session_server:PythonSessionEnvironment",
+                "action_tag": "python",
+                "action_field": "code",
+                "reset_columns": ["setup"],
+                "deterministic": True,
+            },
+        )
+        .rollouts(branching="arpo", branching_mode="stochastic", tau=1.0, beta=0.0)  # every tool result forks
+    )
+    algo = config.build_algo()
+    try:
+        result = algo.train()
+        [runner_pid] = algo.env_runner_group.foreach_env_runner(lambda runner: os.getpid(), local_env_runner=False)
+        servers = [
+            child
+            for child in psutil.Process(runner_pid).children()
+            if "rllib_arpo.environments.openenv_server" in child.cmdline()
+        ]
+    finally:
+        algo.stop()
+    runners = result["env_runners"]
+    assert len(servers) == 1  # one server for the EnvRunner's every session
+    assert runners["env/errors"] == 0 and runners["env/replay_mismatches"] == 0 and runners["env/clones"] == 0
+    # no clone: each trajectory that acts opens a session of its own and replays what it forked after
+    # (forks replayed against the server: tests/unit/test_openenv.py); one reset per prompt and per such session
+    assert runners["env/steps"] >= 1 and runners["env/resets"] >= 2 + 1
+    assert runners["env/forks"] <= runners["env/replays"] and runners["tool_calls_per_trajectory/python"] > 0
+    gone, alive = psutil.wait_procs(servers, timeout=60)  # the EnvRunner's exit (atexit) or its watchdog
+    assert alive == []

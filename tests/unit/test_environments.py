@@ -209,12 +209,16 @@ FORK_CASES = [(ClonableWalk, False, 30), (Walk, False, 30), (ClonableWalk, True,
     ("cls", "isolate", "rows"), FORK_CASES, ids=["clone", "replay", "clone-isolated", "replay-isolated"]
 )
 def test_copies_see_what_the_original_saw_and_branches_never_see_each_other(cls, isolate, rows):
+    check_copies_are_independent(spec(cls, isolate), rows)
+
+
+def check_copies_are_independent(environment: EnvironmentSpec, rows: int) -> None:
     """Property over random action sequences: a child forked after k actions observes, for any
-    later actions, exactly what a fresh instance given the whole sequence observes, whichever way
-    it was copied, in this process or in processes of their own; and its steps never reach its
-    parent (or sibling)."""
+    later actions, exactly what a fresh ``Walk`` given the whole sequence observes, whichever way
+    it was copied, in this process or in processes of their own (or sessions of a server: the
+    OpenEnv tests); and its steps never reach its parent (or sibling)."""
     rng = np.random.default_rng(0)
-    episodes = Episodes(spec(cls, isolate), max_workers=4, timeout_s=5.0)
+    episodes = Episodes(environment, max_workers=4, timeout_s=5.0)
     for _ in range(rows):
         seed = int(rng.integers(1000))
         [root] = episodes.start([{"seed": seed}])
@@ -233,7 +237,7 @@ def test_copies_see_what_the_original_saw_and_branches_never_see_each_other(cls,
     stats = episodes.pop_stats()
     episodes.close()
     assert (stats.forks, stats.errors, stats.replay_mismatches) == (2 * rows, 0, 0)
-    if cls is ClonableWalk:  # each parent clones its root, each child its parent
+    if environment.can_clone:  # each parent clones its root, each child its parent
         assert (stats.clones, stats.replays, stats.resets) == (3 * rows, 0, rows)
     else:  # each parent resets a fresh instance (a replay of no action), each child replays its head
         assert (stats.clones, stats.replays, stats.resets) == (0, 2 * rows, rows + rows + 2 * rows)
