@@ -3,10 +3,9 @@
 With an ``environment`` (``environments.base``), every prompt's row is ``reset`` once, in a *root*
 instance whose first observation ends the prompt that all of the row's trajectories share. Each
 trajectory then acts on an ``Episode``: its own instance, the actions it took and what each
-got. A new trajectory copies the root; a child forked after its parent's n-th observation
-copies its parent as it stands then. Copies are made lazily, right before the copy's first
-action, and every copy of a round is made before any instance of the round steps: a child
-generates in the round of its fork, so its parent has not moved yet when the child is copied.
+got. A new trajectory copies the root, a child its parent, lazily: right before the copy's first
+action, all copies of a round before any instance steps. A child whose first call was a tool's
+acts a round after its fork, when its parent may have moved on: it replays if ``deterministic``.
 
 A copy is a ``clone()`` where the class has one, else a *replay*: a fresh instance reset with the
 row and given the actions again, each step's observation, reward and ``done`` checked against
@@ -256,16 +255,16 @@ class Episodes:
         source = episode.source
         start = time.perf_counter()
         try:
-            if self.spec.can_clone:
-                base = source.env if source is not None else episode.root.env
-                if base is None or len(source.actions if source else []) != len(episode.actions):
-                    raise EnvironmentFailure("nothing to clone: the fork's parent failed or moved on")
+            base = (source.env if source is not None else episode.root.env) if self.spec.can_clone else None
+            if base is not None and len(source.actions if source else []) == len(episode.actions):
                 episode.env = self._timed(base.clone, "clone", base)
                 with self._lock:
                     self._opened.append(episode.env)
                 self._count(clones=1)
-            else:
+            elif self.spec.deterministic:  # no clone(), or the parent failed or moved on: replay
                 episode.env = self._replayed(episode)  # opened by its reset
+            else:
+                raise EnvironmentFailure("nothing to clone: the fork's parent failed or moved on")
         except EnvironmentFailure as failure:
             self._count(errors=1, timeouts=int(failure.timed_out))
             return failure

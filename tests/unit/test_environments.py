@@ -10,6 +10,7 @@ in this process (``isolate: false``), but where a test says otherwise.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -241,6 +242,28 @@ def check_copies_are_independent(environment: EnvironmentSpec, rows: int) -> Non
         assert (stats.clones, stats.replays, stats.resets) == (3 * rows, 0, rows)
     else:  # each parent resets a fresh instance (a replay of no action), each child replays its head
         assert (stats.clones, stats.replays, stats.resets) == (0, 2 * rows, rows + rows + 2 * rows)
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_a_child_whose_parent_moved_on_before_its_first_action_replays_or_fails(deterministic):
+    """A child that first called a tool acts a round after its fork, when its parent may have acted
+    again: the parent's instance is no longer the child's state, so the child replays its actions
+    (a deterministic environment) or ends with an error (one that is not)."""
+    environment = dataclasses.replace(spec(ClonableWalk), deterministic=deterministic)
+    episodes = Episodes(environment, max_workers=2, timeout_s=5.0)
+    [root] = episodes.start([{"seed": 4}])
+    parent = Episode(root)
+    episodes.step([(parent, "1")])
+    child = parent.fork()
+    episodes.step([(parent, "2")])  # the child's round had a tool call only
+    [outcome] = episodes.step([(child, "3")])
+    stats = episodes.pop_stats()
+    if deterministic:
+        assert (outcome.observation, outcome.error) == (walk_observations(4, ["1", "3"])[1], None)
+        assert (stats.clones, stats.replays, stats.replayed_steps, stats.errors) == (1, 1, 1, 0)
+    else:
+        assert (outcome.error, outcome.done) == ("nothing to clone: the fork's parent failed or moved on", True)
+        assert (stats.clones, stats.replays, stats.errors) == (1, 0, 1)
 
 
 class Forgetful(Walk):
