@@ -16,8 +16,8 @@ the ``websockets`` client: openenv-core's own client module imports its whole se
 
 Text to the server and back:
 
-- an **action** is the tag's text, stripped: with ``action_field`` the action is
-  ``{action_field: text}`` (a coding environment's ``code``, a game's ``move``); without it the
+- an **action** is the tag's text as written (code keeps its indentation): with ``action_field``
+  it is ``{action_field: text}`` (a coding environment's ``code``, a game's ``move``); without it the
   text must be the action's fields as a JSON object (``{"row": 1, "col": 2}``). Text that is no
   JSON object, or an action the server's action class rejects (its validation error), is not an
   error: the observation says why, the reward is 0 and the episode goes on, as an invalid move
@@ -125,12 +125,12 @@ class OpenEnvEnvironment:
 
     def step(self, action: str) -> tuple[str, float, bool, dict]:
         """One step of the session; an action the policy wrote badly is observed, not raised."""
-        payload = self._payload(action.strip())
+        payload = self._payload(action)
         if isinstance(payload, str):
             return payload, 0.0, False, {"invalid_action": True}
         answer = self._exchange({"type": "step", "data": payload})
         if answer.get("type") == "error" and (answer.get("data") or {}).get("code") == INVALID_ACTION_CODE:
-            return f"Invalid action {action.strip()!r}: {_error_text(answer)}", 0.0, False, {"invalid_action": True}
+            return f"Invalid action {action!r}: {_error_text(answer)}", 0.0, False, {"invalid_action": True}
         if answer.get("type") == "error":
             raise RuntimeError(f"the server's step failed: {_error_text(answer)}")
         observation, reward, done = self._result(answer)

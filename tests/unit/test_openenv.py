@@ -269,6 +269,7 @@ def test_the_example_session_server_checks_and_keeps_each_sessions_variables(cap
     assert first.reset({"setup": "values = [3, 8, 1]"}) == second.reset({}) == ""
     assert first.step("total = sum(values)")[0] == second.step("total = 5")[0]
     assert (first.step("print(total)")[0], second.step("total")[0]) == ("12", "5")
+    assert second.step("\n    total += 2\n    print(total)\n")[0] == "7"  # as written: the session dedents it
     first.close(), second.close()
 
 
