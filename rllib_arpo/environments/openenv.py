@@ -94,7 +94,7 @@ class OpenEnvEnvironment:
         timeout_s: float = 60.0,
         max_sessions: int = MAX_SESSIONS,
     ) -> None:
-        kind, target = _target(url, app, env)
+        kind, target = _target(url, app, env, max_sessions)
         if isinstance(reset_columns, str) or not all(isinstance(column, str) for column in reset_columns):
             raise ValueError(f"reset_columns: expected a list of column names, got {reset_columns!r}")
         if not isinstance(deterministic, bool):
@@ -110,9 +110,10 @@ class OpenEnvEnvironment:
     def open_shared(cls, options: Mapping[str, Any]) -> None:
         """Starts the server of an ``app`` or ``env`` (``environments.base``: before the first
         instance is built, so its start is not bounded by ``tool_timeout_s``)."""
-        kind, target = _target(options.get("url"), options.get("app"), options.get("env"))
+        max_sessions = options.get("max_sessions", MAX_SESSIONS)
+        kind, target = _target(options.get("url"), options.get("app"), options.get("env"), max_sessions)
         if kind != "url":
-            _local_server(kind, target, options.get("max_sessions", MAX_SESSIONS))
+            _local_server(kind, target, max_sessions)
 
     def reset(self, row: Mapping[str, Any]) -> str:
         """A new episode in this session, with the row's ``reset_columns`` as its arguments."""
@@ -161,7 +162,7 @@ class OpenEnvEnvironment:
         from websockets.exceptions import ConnectionClosed
 
         try:
-            self._connection.send(json.dumps(message))
+            self._connection.send(json.dumps(message, default=_plain))
             raw = self._connection.recv(timeout=self.timeout_s)
         except (ConnectionClosed, ConnectionError) as error:  # the server went away (closed, reset, died)
             raise ConnectionError(f"the server closed the session: {type(error).__name__}: {error}") from None
@@ -210,8 +211,11 @@ class OpenEnvEnvironment:
         return payload
 
 
-def _target(url: Any, app: Any, env: Any) -> tuple[str, str]:
-    """(``url`` | ``app`` | ``env``, its value); a ValueError unless exactly one is given, well formed."""
+def _target(url: Any, app: Any, env: Any, max_sessions: Any) -> tuple[str, str]:
+    """(``url`` | ``app`` | ``env``, its value); a ValueError unless exactly one is given, well
+    formed, and ``max_sessions`` is a positive integer."""
+    if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
+        raise ValueError(f"max_sessions: expected a positive integer, got {max_sessions!r}")
     targets = {key: value for key, value in (("url", url), ("app", app), ("env", env)) if value is not None}
     if len(targets) != 1:
         raise ValueError(f"expected exactly one of url, app or env, got {sorted(targets) or 'none'}")
@@ -239,6 +243,14 @@ def _websocket_url(base: Any) -> str:
         if base.startswith(scheme):
             return websocket + base[len(scheme) :].rstrip("/") + "/ws"
     raise ValueError(f"url: expected an http://, https://, ws:// or wss:// address, got {base!r}")
+
+
+def _plain(value: Any) -> Any:
+    """A dataset row's numpy scalar (``numpy.int64`` from a parquet column) as the Python number
+    JSON writes; a TypeError for anything else JSON cannot write."""
+    if hasattr(value, "item") and callable(value.item):
+        return value.item()
+    raise TypeError(f"a reset argument JSON cannot write: {value!r}")
 
 
 def _as_text(value: Any) -> str:

@@ -18,6 +18,7 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 from websockets.sync.server import serve
@@ -34,13 +35,20 @@ WALK = "tests.unit.openenv_walk:WalkEnvironment"
 SERVED_WALK = {"name": "openenv", "env": WALK, "action_tag": "move", "action_field": "move", "deterministic": True}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def stop_servers():
+    """The servers this module started stop with it, not with the pytest worker."""
+    yield
+    LocalServer.stop_all()
+
+
 def served(timeout_s: float = 30.0, **options) -> EnvironmentSpec:
     return resolve_environment({**SERVED_WALK, **options}, timeout_s)
 
 
 def test_a_served_walk_observes_what_the_walk_observes_and_its_reward_and_done_reach_the_step():
     env = served().build()
-    assert env.reset({"seed": 7, "other": "column"}) == "start 7"
+    assert env.reset({"seed": np.int64(7), "other": "column"}) == "start 7"  # a parquet column's integer
     observations = [env.step(move) for move in ["2", " 3 ", "1"]]
     assert [o[0] for o in observations] == walk_observations(7, ["2", "3", "1"])
     assert [o[1:] for o in observations] == [(0.0, False, {})] * 3
@@ -100,15 +108,20 @@ def test_the_property_catches_forks_that_share_a_server_session():
     OneSession.shared.close()
 
 
+STEP_LIMIT_S = 10.0
+"""The limit of a step in the hang test: a hang of ``HANG_S`` passes it, a step of the walk (a few
+milliseconds) does not, even on a loaded machine."""
+
+
 @pytest.mark.parametrize(
     ("move", "error", "timed_out"),
     [
         ("raise", "step raised RuntimeError: the server's step failed: 'treasure' (EXECUTION_ERROR)", False),
-        ("hang", "step timed out after 2 s", True),
+        ("hang", f"step timed out after {STEP_LIMIT_S:g} s", True),
     ],
 )
 def test_a_server_that_raises_or_hangs_ends_only_that_trajectory(move, error, timed_out):
-    episodes = Episodes(served(timeout_s=2.0), max_workers=4, timeout_s=2.0)
+    episodes = Episodes(served(timeout_s=STEP_LIMIT_S), max_workers=4, timeout_s=STEP_LIMIT_S)
     [root] = episodes.start([{"seed": 5}])
     bad, good = Episode(root), Episode(root)
     outcomes = episodes.step([(bad, move), (good, "1")])
@@ -198,6 +211,7 @@ def test_a_server_that_answers_nonsense_ends_that_trajectory_with_what_it_said(n
             "stateful_env: 'openenv': url: expected an http://, https://, ws:// or wss:// address, got 'ftp://a'",
         ),
         ({"env": "nocolon"}, "stateful_env: 'openenv': env: expected module:name, got 'nocolon'"),
+        ({"env": WALK, "max_sessions": 0}, "stateful_env: 'openenv': max_sessions: expected a positive integer, got 0"),
         (
             {"app": "tests.unit.openenv_walk:nope"},
             "stateful_env: 'openenv': the OpenEnv server of app 'tests.unit.openenv_walk:nope' exited (1) before it "
