@@ -261,7 +261,7 @@ class Episodes:
                 with self._lock:
                     self._opened.append(episode.env)
                 self._count(clones=1)
-            elif self.spec.deterministic:  # no clone(), or the parent failed or moved on: replay
+            elif not self.spec.can_clone or self.spec.deterministic:  # or the parent failed or moved on
                 episode.env = self._replayed(episode)  # opened by its reset
             else:
                 raise EnvironmentFailure("nothing to clone: the fork's parent failed or moved on")
