@@ -9,15 +9,13 @@ server a process of its own on 127.0.0.1.
 
 from __future__ import annotations
 
-import os
-import time
 from typing import Any
 
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, Observation, State
 
-from tests.unit.environment_classes import HANG_S, Walk
+from tests.unit.environment_classes import Crashing
 
 
 class Move(Action):
@@ -29,28 +27,24 @@ class Position(Observation):
 
 
 class WalkEnvironment(Environment[Move, Position, State]):
-    """One ``Walk`` per session; a move whose text is ``"raise"`` raises, ``"hang"`` sleeps an
-    hour, ``"exit"`` ends the server process."""
+    """One walk per session: environment_classes' ``Crashing``, whose fault a move names here
+    (``"raise"``: the step raises, ``"hang"``: it sleeps an hour) rather than the row."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True
+    FAULTS = {"raise": "raises", "hang": "hangs"}
 
     def __init__(self) -> None:
         super().__init__()
-        self.walk, self.steps = Walk(), 0
+        self.walk, self.steps = Crashing(), 0
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> Position:
         self.steps = 0
         return Position(text=self.walk.reset({"seed": seed or 0}))
 
     def step(self, action: Move, timeout_s: float | None = None, **kwargs: Any) -> Position:
-        if action.move == "raise":
-            raise KeyError("treasure")
-        if action.move == "hang":
-            time.sleep(HANG_S)
-        if action.move == "exit":
-            os._exit(0)
-        self.steps += 1
+        self.walk.fault = self.FAULTS.get(action.move)
         observation, reward, done, _ = self.walk.step(action.move)
+        self.steps += 1
         return Position(text=observation, reward=reward, done=done)
 
     @property
