@@ -24,7 +24,6 @@ the decoded text, so a stop string is found whichever tokens spell it.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 
 from rllib_arpo.data.examples import PromptExample
@@ -57,11 +56,7 @@ def with_mcp_tools(example: PromptExample, tools: Mapping[str, object]) -> Promp
     a tool, in the order of ``tools``; a prompt without a system message gets one, a plain-text
     prompt gets the description before it. ``example`` itself where none is an MCP tool. A
     tokenizer without a chat template reads no system message (``plain_text``)."""
-    lines = [
-        f"- <{tag}>: {tool.description} Arguments: {json.dumps(tool.input_schema, sort_keys=True)}"
-        for tag, tool in tools.items()
-        if isinstance(tool, MCPTool)
-    ]
+    lines = [f"- <{tag}>: {tool.description}" for tag, tool in tools.items() if isinstance(tool, MCPTool)]
     if not lines:
         return example
     description = "\n".join([MCP_TOOLS_HEADER, *lines])

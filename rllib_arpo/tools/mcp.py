@@ -13,8 +13,8 @@ before Ray starts, which lists its tools and stops it) and stopped when they are
 by every call. A server that dies is started again once, at the next call: the call that found
 it dead fails, and after a second death every call fails. A failure is an exception, which the
 ``ToolExecutor`` turns into an ``Error: ...`` text for the model, as it bounds every call by
-``tool_timeout_s``. An MCP server whose tools keep state is not an environment the tree rollout
-forks: every trajectory calls the same server.
+``tool_timeout_s``. Every trajectory calls the same server: one whose tools keep state is an
+environment (``stateful_env: {name: mcp, ...}``, ``environments.mcp_session``), a server each.
 
 The ``mcp`` package (2.x) is imported when a server starts, so that the rest of the package
 imports without it.
@@ -76,9 +76,9 @@ def _connection_closed(error: BaseException) -> bool:
 
 
 def result_text(result) -> str:
-    """The text of a ``CallToolResult``: its text blocks joined by newlines, any other block
-    named by its type (``[image]``)."""
-    return "\n".join(getattr(block, "text", None) or f"[{block.type}]" for block in result.content)
+    """The text of a ``CallToolResult``: its text blocks (an empty one too) joined by newlines, any
+    other block named by its type (``[image]``)."""
+    return "\n".join(block.text if block.type == "text" else f"[{block.type}]" for block in result.content)
 
 
 class MCPServerConnection:
@@ -93,7 +93,7 @@ class MCPServerConnection:
     def __init__(self, name: str, server: Any, restarts: int = 1) -> None:
         self.name = name
         self._server = server
-        self._restarts_left = restarts
+        self._restarts_left, self._restarted = restarts, False
         self._lock = threading.Lock()
         self._closed = False
         self._dead = False
@@ -112,13 +112,16 @@ class MCPServerConnection:
         """The tools the server lists (``mcp.types.Tool``: name, description, input schema)."""
         return self._run(self._client.list_tools(), START_TIMEOUT_S).tools
 
-    def call(self, tool: str, arguments: Mapping[str, Any]) -> str:
+    def call(self, tool: str, arguments: Mapping[str, Any], timeout_s: float | None = None) -> str:
         """The text the server answers for ``tool(**arguments)``; raises ``MCPToolError`` for an
-        error result and ``MCPServerError`` when the server is dead (it is started again at the
-        next call, ``restarts`` times)."""
+        error result, ``MCPServerError`` when the server is dead (it is started again at the
+        next call, ``restarts`` times), and a TimeoutError where it has not answered within
+        ``timeout_s`` (None: no limit; the call goes on)."""
         client = self._live_client()
         try:
-            result = self._run(client.call_tool(tool, dict(arguments)))
+            result = self._run(client.call_tool(tool, dict(arguments)), timeout_s)
+        except TimeoutError:
+            raise TimeoutError(f"MCP server {self.name!r} did not answer {tool} within {timeout_s:g} s") from None
         except Exception as error:
             if not (_connection_closed(error) or self._ended.done()):
                 raise
@@ -150,7 +153,9 @@ class MCPServerConnection:
             if not (self._dead or self._ended.done()):
                 return self._client
             if self._restarts_left == 0:
-                raise MCPServerError(f"MCP server {self.name!r} died again after its restart")
+                again = " again after its restart" if self._restarted else ""
+                raise MCPServerError(f"MCP server {self.name!r} died{again}")
+            self._restarted = True
             self._restarts_left -= 1
             logger.warning("MCP server %r died; starting it again", self.name)
             self._release()
@@ -218,19 +223,23 @@ def parse_arguments(query: str) -> dict[str, Any]:
     return arguments
 
 
+def described(tool: Any) -> str:
+    """A listed tool's description for the policy: the server's text, then its JSON arguments schema."""
+    return f"{tool.description or ''} Arguments: {json.dumps(dict(tool.input_schema), sort_keys=True)}"
+
+
 class MCPTool:
     """One tool of an MCP server, called as ``<NAME_TOOL>{JSON arguments}</NAME_TOOL>``.
 
-    ``name`` is its tag; ``description`` and ``input_schema`` are the server's, for the system
-    prompt. Closing it stops its server (shared with the server's other tools).
+    ``name`` is its tag; ``description`` is the server's with its arguments schema
+    (``described``), for the system prompt. Closing it stops its server (shared with the server's other tools).
     """
 
     def __init__(self, name: str, server: MCPServerConnection, listed: Any) -> None:
         self.name = name
         self.server = server
         self.tool_name = listed.name
-        self.description = listed.description or ""
-        self.input_schema = dict(listed.input_schema)
+        self.description = described(listed)
 
     def __call__(self, query: str) -> str:
         return self.server.call(self.tool_name, parse_arguments(query))
@@ -239,7 +248,7 @@ class MCPTool:
         self.server.close()
 
 
-def _server_of(command: Any, url: Any, env: Any, working_dir: Any):
+def server_of(command: Any, url: Any, env: Any, working_dir: Any):
     """What ``mcp.Client`` connects to for the entry's ``command`` (run in ``working_dir``) or
     ``url``; ValueError for a malformed entry, or without the ``mcp`` package."""
     try:
@@ -262,7 +271,7 @@ def _server_of(command: Any, url: Any, env: Any, working_dir: Any):
     return StdioServerParameters(command=command[0], args=command[1:], env=dict(env) if env else None, cwd=working_dir)
 
 
-def _chosen(listed: Sequence[Any], names: Any) -> list[Any]:
+def chosen_tools(listed: Sequence[Any], names: Any) -> list[Any]:
     """The listed tools named in ``names`` (None: all of them), in that order; ValueError for
     a server that lists none or a name it does not list."""
     by_name = {tool.name: tool for tool in listed}
@@ -288,9 +297,9 @@ def mcp_tools(name: str, options: Mapping[str, Any]) -> dict[str, MCPTool]:
     if unknown:
         raise ValueError(f"unknown option {unknown[0]!r} of an MCP server (it takes {', '.join(MCP_OPTIONS)})")
     where = (options.get(key) for key in ("command", "url", "env", "working_dir"))
-    server = MCPServerConnection(name, _server_of(*where))
+    server = MCPServerConnection(name, server_of(*where))
     try:
-        chosen = _chosen(server.list_tools(), options.get("tools"))
+        chosen = chosen_tools(server.list_tools(), options.get("tools"))
     except BaseException:
         server.close()
         raise

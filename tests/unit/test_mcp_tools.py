@@ -10,6 +10,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -176,28 +178,34 @@ def test_a_bad_server_is_one_line_before_ray_starts(tmp_path, capsys, monkeypatc
     assert err.startswith(f"rllib: error: {path}: experiment 'x': {message}")
 
 
-def test_a_server_at_a_url_is_called_over_streamable_http_and_left_running():
+@contextmanager
+def http_server(command: list[str], cwd: Path | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
+    """(its URL, its process): the MCP server ``command + [PORT]`` serving streamable HTTP on a free
+    port of 127.0.0.1, once it listens; killed at the end."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = subprocess.Popen([*SERVER, str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen([*command, str(port)], cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        while server.poll() is None:  # until it listens (its exit ends the wait, and the test fails below)
+        while server.poll() is None:  # until it listens (its exit ends the wait, and the test fails)
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
             except OSError:
                 time.sleep(0.1)
-        executor = ToolExecutor(
-            build_tools({"web": {"type": "mcp", "url": f"http://127.0.0.1:{port}/mcp"}}), timeout_s=60
-        )
+        yield f"http://127.0.0.1:{port}/mcp", server
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_a_server_at_a_url_is_called_over_streamable_http_and_left_running():
+    with http_server(SERVER) as (url, server):
+        executor = ToolExecutor(build_tools({"web": {"type": "mcp", "url": url}}), timeout_s=60)
         assert run(executor, "web_add", '{"a": 1, "b": 2}') == "3"
         assert int(run(executor, "web_pid")) == server.pid
         executor.close()
         assert server.poll() is None  # not this run's process: closing ends the session only
-    finally:
-        server.kill()
-        server.wait()
 
 
 def test_a_server_that_never_answers_is_refused_and_stopped(monkeypatch):
