@@ -89,7 +89,7 @@ class ToolSettings:
     stateful_env: dict | None = setting(
         None,
         "An environment with state the policy acts on, each trajectory in its own copy: `{name: python_session | "
-        "gymnasium | openenv | module:Class, isolate: true | false, **options}` (docs/tasks.md); `isolate` runs "
+        "gymnasium | openenv | mcp | module:Class, isolate: true | false, **options}` (docs/tasks.md); `isolate` runs "
         "each instance in a process of its own, killed when a call passes tool_timeout_s (default: true for your own "
         "class, false for the built-in ones); a tool named like its action tag gives way to it.",
     )

@@ -96,3 +96,45 @@ def test_a_python_session_served_by_openenv_trains_in_a_remote_runner_and_its_se
     assert runners["env/forks"] <= runners["env/replays"] and runners["tool_calls_per_trajectory/python"] > 0
     gone, alive = psutil.wait_procs(servers, timeout=60)  # the EnvRunner's exit (atexit) or its watchdog
     assert alive == []
+
+
+def test_a_python_session_behind_an_mcp_server_trains_each_trajectory_in_a_server_of_its_own(ray_session, small_config):
+    """The first test's run with the session behind the stdio MCP server of examples/mcp (its
+    ``run`` tool called by the <python> tag): each trajectory that acts starts a server process of
+    its own (forks replayed in new ones: tests/unit/test_mcp_environment.py), and every server
+    has stopped when the rollout ends."""
+    import sys
+    from pathlib import Path
+
+    import psutil
+
+    def servers() -> list[psutil.Process]:
+        return [child for child in psutil.Process().children(recursive=True) if "session_server.py" in child.cmdline()]
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "mcp"
+    config = small_config.tool_use(
+        tools={"search": {"backend": "bm25", "top_k": 2}, "python": {"timeout_s": 5}},
+        stateful_env={
+            "name": "mcp",
+            "command": [sys.executable, "session_server.py"],
+            "working_dir": str(example),
+            "reset_tool": "start",
+            "reset_columns": ["setup"],
+            "action_tag": "python",
+            "action_tool": "run",
+            "action_argument": "code",
+            "deterministic": True,
+        },
+    ).rollouts(branching="arpo", branching_mode="stochastic", tau=1.0, beta=0.0)  # every tool result forks
+    algo = config.build_algo()
+    try:
+        result = algo.train()
+        left = servers()
+    finally:
+        algo.stop()
+    runners = result["env_runners"]
+    assert left == []  # each instance's server stopped with the rollout
+    assert runners["env/errors"] == 0 and runners["env/replay_mismatches"] == 0 and runners["env/clones"] == 0
+    # one reset (a server) per prompt, and one per trajectory that acts
+    assert runners["env/steps"] >= 1 and runners["env/resets"] >= 2 + 1
+    assert runners["tool_calls_per_trajectory/python"] > 0

@@ -32,6 +32,8 @@ def test_the_own_task_page_quotes_the_example_ci_runs():
         "examples/own_task/own_task.yaml",
         "examples/mcp/calc_server.py",
         "examples/mcp/mcp_tiny.yaml",
+        "examples/mcp/session_server.py",
+        "examples/mcp/session_mcp_tiny.yaml",
     }
 
 

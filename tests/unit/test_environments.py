@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -213,25 +214,34 @@ def test_copies_see_what_the_original_saw_and_branches_never_see_each_other(cls,
     check_copies_are_independent(spec(cls, isolate), rows)
 
 
-def check_copies_are_independent(environment: EnvironmentSpec, rows: int) -> None:
+def check_copies_are_independent(
+    environment: EnvironmentSpec,
+    rows: int,
+    as_action: Callable[[str], str] = str,
+    first_observation: str = "",
+    timeout_s: float = 5.0,
+) -> None:
     """Property over random action sequences: a child forked after k actions observes, for any
     later actions, exactly what a fresh ``Walk`` given the whole sequence observes, whichever way
     it was copied, in this process or in processes of their own (or sessions of a server: the
-    OpenEnv tests); and its steps never reach its parent (or sibling)."""
+    OpenEnv and MCP tests, whose policy writes a move as ``as_action(move)`` and whose reset
+    observation starts with ``first_observation``); and its steps never reach its parent (or sibling).
+    ``timeout_s``: the limit of each reset, copy and step."""
     rng = np.random.default_rng(0)
-    episodes = Episodes(environment, max_workers=4, timeout_s=5.0)
+    episodes = Episodes(environment, max_workers=4, timeout_s=timeout_s)
     for _ in range(rows):
         seed = int(rng.integers(1000))
         [root] = episodes.start([{"seed": seed}])
+        assert root.observation == f"{first_observation}start {seed}"
         head = [str(a) for a in rng.integers(0, 5, size=int(rng.integers(1, 5)))]
         parent = Episode(root)
-        for action in head:
-            episodes.step([(parent, action)])
+        for move in head:
+            episodes.step([(parent, as_action(move))])
         left, right = parent.fork(), parent.fork()
         tail_left = [str(a) for a in rng.integers(0, 5, size=3)]
         tail_right = [str(a) for a in rng.integers(0, 5, size=3)]
         for a, b in zip(tail_left, tail_right):  # siblings and parent step in the same rounds
-            episodes.step([(left, a), (right, b), (parent, a)])
+            episodes.step([(left, as_action(a)), (right, as_action(b)), (parent, as_action(a))])
         assert [outcome.observation for outcome in left.outcomes] == walk_observations(seed, head + tail_left)
         assert [outcome.observation for outcome in right.outcomes] == walk_observations(seed, head + tail_right)
         assert parent.outcomes == left.outcomes

@@ -59,7 +59,7 @@ def test_an_unknown_name_lists_the_known_ones_with_the_closest_as_a_hint():
         (SEARCH_BACKENDS, ["bm25", "cache", "http"]),
         (DATASET_LOADERS, ["jsonl", "parquet", "reasoning_gym", "session_lookup", "tir_task", "verifiers"]),
         (ENGINES, ["hf", "vllm"]),
-        (ENVIRONMENTS, ["gymnasium", "openenv", "python_session"]),
+        (ENVIRONMENTS, ["gymnasium", "mcp", "openenv", "python_session"]),
     ],
 )
 def test_every_concept_uses_the_one_registry_shape(registry, names):
