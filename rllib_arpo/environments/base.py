@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -137,6 +137,26 @@ def resolve_environment(spec: Any, timeout_s: float) -> EnvironmentSpec | None:
 
 _CHECKED_SPECS: dict[tuple, EnvironmentSpec] = {}
 """``resolve_environment``'s specs that passed in this process."""
+
+
+def check_server_options(reset_columns: Any, deterministic: Any) -> None:
+    """The options every server-backed environment (``openenv``, ``mcp``) takes: a ValueError
+    unless ``reset_columns`` is a list of column names and ``deterministic`` a bool."""
+    if isinstance(reset_columns, str) or not all(isinstance(column, str) for column in reset_columns):
+        raise ValueError(f"reset_columns: expected a list of column names, got {reset_columns!r}")
+    if not isinstance(deterministic, bool):
+        raise ValueError(f"deterministic: expected true or false, got {deterministic!r}")
+
+
+def reset_arguments(row: Mapping[str, Any], columns: Sequence[str]) -> dict[str, Any]:
+    """The row's ``columns`` (those it has) as a server's reset arguments: a numpy scalar (a
+    parquet column's ``numpy.int64``) as the Python value it holds, which JSON writes."""
+    return {column: _plain(row[column]) for column in columns if column in row}
+
+
+def _plain(value: Any) -> Any:
+    item = getattr(value, "item", None)
+    return item() if callable(item) else value
 
 
 def _checked_spec(unchecked: EnvironmentSpec, timeout_s: float) -> EnvironmentSpec:

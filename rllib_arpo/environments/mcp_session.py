@@ -49,9 +49,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
-from rllib_arpo.environments.base import ENVIRONMENTS
+from rllib_arpo.environments.base import ENVIRONMENTS, check_server_options, reset_arguments
 from rllib_arpo.tools.mcp import MCPServerConnection, MCPToolError, chosen_tools, described, server_of
 
 CALL_FORMAT = '<{tag}>{{"name": "...", "arguments": {{...}}}}</{tag}>'
@@ -93,10 +91,7 @@ class MCPSessionEnvironment:
         deterministic: bool = False,
         timeout_s: float = 60.0,
     ) -> None:
-        if isinstance(reset_columns, str) or not all(isinstance(column, str) for column in reset_columns):
-            raise ValueError(f"reset_columns: expected a list of column names, got {reset_columns!r}")
-        if not isinstance(deterministic, bool):
-            raise ValueError(f"deterministic: expected true or false, got {deterministic!r}")
+        check_server_options(reset_columns, deterministic)
         if (action_tool is None) != (action_argument is None):
             raise ValueError("action_tool and action_argument go together: the tool the tag calls and its argument")
         if action_tool is not None and tools is not None:
@@ -129,9 +124,8 @@ class MCPSessionEnvironment:
         """The tools' description, then the text ``reset_tool`` answers to the row's ``reset_columns``."""
         if self.reset_tool is None:
             return self.description
-        arguments = {column: _plain(row[column]) for column in self.reset_columns if column in row}
         try:
-            started = self._call(self.reset_tool, arguments)
+            started = self._call(self.reset_tool, reset_arguments(row, self.reset_columns))
         except MCPToolError as error:
             raise RuntimeError(f"the reset tool {self.reset_tool!r} failed: {error}") from None
         return f"{self.description}\n\n{started}" if self.description else started
@@ -181,8 +175,3 @@ def _description(tools: Mapping[str, Any], action_tag: str) -> str:
     call = f"Tools: call one by writing {CALL_FORMAT.format(tag=action_tag)}; "
     call += "its output comes back inside <result> </result>."
     return "\n".join([call, *(f"- {name}: {described(tool)}" for name, tool in tools.items())])
-
-
-def _plain(value: Any) -> Any:
-    """A dataset row's numpy scalar (``numpy.int64`` from a parquet column) as the Python value it holds."""
-    return value.item() if isinstance(value, np.generic) else value

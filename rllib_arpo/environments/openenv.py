@@ -52,7 +52,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import ExitStack, suppress
 from typing import Any
 
-from rllib_arpo.environments.base import ENVIRONMENTS
+from rllib_arpo.environments.base import ENVIRONMENTS, check_server_options, reset_arguments
 from rllib_arpo.environments.openenv_server import LocalServer
 
 MAX_SESSIONS = 1024
@@ -95,10 +95,7 @@ class OpenEnvEnvironment:
         max_sessions: int = MAX_SESSIONS,
     ) -> None:
         kind, target = _target(url, app, env, max_sessions)
-        if isinstance(reset_columns, str) or not all(isinstance(column, str) for column in reset_columns):
-            raise ValueError(f"reset_columns: expected a list of column names, got {reset_columns!r}")
-        if not isinstance(deterministic, bool):
-            raise ValueError(f"deterministic: expected true or false, got {deterministic!r}")
+        check_server_options(reset_columns, deterministic)
         self.action_tag = action_tag
         self.action_field, self.observation_field = action_field, observation_field
         self.reset_columns, self.deterministic, self.timeout_s = tuple(reset_columns), deterministic, timeout_s
@@ -117,8 +114,7 @@ class OpenEnvEnvironment:
 
     def reset(self, row: Mapping[str, Any]) -> str:
         """A new episode in this session, with the row's ``reset_columns`` as its arguments."""
-        arguments = {column: row[column] for column in self.reset_columns if column in row}
-        answer = self._exchange({"type": "reset", "data": arguments})
+        answer = self._exchange({"type": "reset", "data": reset_arguments(row, self.reset_columns)})
         if answer.get("type") == "error":
             raise RuntimeError(f"the server's reset failed: {_error_text(answer)}")
         observation, _, _ = self._result(answer)
@@ -162,7 +158,7 @@ class OpenEnvEnvironment:
         from websockets.exceptions import ConnectionClosed
 
         try:
-            self._connection.send(json.dumps(message, default=_plain))
+            self._connection.send(json.dumps(message))
             raw = self._connection.recv(timeout=self.timeout_s)
         except (ConnectionClosed, ConnectionError) as error:  # the server went away (closed, reset, died)
             raise ConnectionError(f"the server closed the session: {type(error).__name__}: {error}") from None
@@ -243,14 +239,6 @@ def _websocket_url(base: Any) -> str:
         if base.startswith(scheme):
             return websocket + base[len(scheme) :].rstrip("/") + "/ws"
     raise ValueError(f"url: expected an http://, https://, ws:// or wss:// address, got {base!r}")
-
-
-def _plain(value: Any) -> Any:
-    """A dataset row's numpy scalar (``numpy.int64`` from a parquet column) as the Python number
-    JSON writes; a TypeError for anything else JSON cannot write."""
-    if hasattr(value, "item") and callable(value.item):
-        return value.item()
-    raise TypeError(f"a reset argument JSON cannot write: {value!r}")
 
 
 def _as_text(value: Any) -> str:
