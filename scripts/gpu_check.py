@@ -56,7 +56,7 @@ TRAIN_CONFIG = {
         "num_gpus_per_learner": 0.5,
         "held_out_size": 64,
     },
-    "cpu": {"dtype": "auto", "held_out_interval": 1, "held_out_size": 16, "prompts_per_env_runner": 2},
+    "cpu": {"dtype": "auto", "held_out_interval": 1, "held_out_size": 4, "prompts_per_env_runner": 2},
 }
 CHECK_PIECES = {
     "cuda": [
@@ -74,9 +74,10 @@ LEARNER_BENCH = {
         "--prompt-tokens", "64", "--response-tokens", "448", "--shared-tokens", "128",
         "--micro-batch-size", "16", "--micro-batch-tokens", "4096", "--repeats", "2",
     ],
+    # --profile: the operator table docs/benchmarks.md quotes, checked in CI by this stage's test
     "cpu": [
         "--model-path", "tiny", "--layouts", "torch-1", "--packing", "padded", "tree", "--rows", "4",
-        "--group-size", "2", "--response-tokens", "16", "--repeats", "1", "--matmul-size", "256",
+        "--group-size", "2", "--response-tokens", "16", "--repeats", "1", "--matmul-size", "256", "--profile", "3",
     ],
 }  # fmt: skip
 MACHINE_PACKAGES = ("torch", "transformers", "ray", "peft", "accelerate", "deepspeed", "vllm", "numpy")

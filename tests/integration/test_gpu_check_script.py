@@ -1,8 +1,10 @@
 """``scripts/gpu_check.sh --device cpu``: the GPU run's four stages with the CPU's stand-ins at
 their smallest sizes (check-gpu's CPU comparisons, one iteration of the tiny task, the learner on
-the tiny policy), and the one JSON and one markdown table it writes."""
+the tiny policy: ``scripts/bench_learner.py``'s CI run, its operator profile included), and the
+one JSON and one markdown table it writes."""
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -43,6 +45,14 @@ def test_gpu_check_on_the_cpu_runs_every_stage_and_writes_its_tables(tmp_path):
     for row in rows:  # 6 N FLOPs per token laid out, per second, against the measured product's rate
         flops_per_s = 6 * TINY_PRODUCT_WEIGHTS * row["tokens_laid_out"] / row["update_s"]
         assert row["mfu"] == pytest.approx(flops_per_s / (learner["matmul_tflops"] * 1e12), rel=1e-9)
+    # --profile: per packing, the extra update under the profiler, its 3 costliest operators by own time
+    log = (tmp_path / "learner.log").read_text()
+    tables = re.findall(r"tiny, (\w+): one update's top 3 operators\n(.+?)\n\n", log, re.DOTALL)
+    assert [packing for packing, _ in tables] == ["padded", "tree"]
+    for _, table in tables:  # torch's table: a rule, the header, a rule, one row per operator, a rule
+        lines = table.splitlines()
+        rules = [i for i, line in enumerate(lines) if re.fullmatch(r"-+(\s+-+)*\s*", line)]
+        assert "Self CPU %" in lines[rules[0] + 1] and rules[2] - rules[1] - 1 == 3
     table = (tmp_path / "gpu_check.md").read_text()
     assert "| `learner_update` | PASS |" in table and "| held-out split | iteration 0 | iteration 1 |" in table
     assert "| tiny | tree | 64 | 128 |" in table

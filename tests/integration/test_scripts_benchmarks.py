@@ -1,5 +1,5 @@
-"""Benchmark scripts the docs quote, run at their smallest size: weight sync, pipeline, learner
-layouts, LoRA, dtype and memory."""
+"""Benchmark scripts the docs quote, run at their smallest size: weight sync, pipeline, LoRA, dtype
+and memory (the learner layouts': ``test_gpu_check_script.py``, whose CPU run is its smallest)."""
 
 import json
 import re
@@ -31,27 +31,6 @@ def test_bench_pipeline_compares_synchronous_and_pipelined_steps(run_script, tin
     # each setting trains on batches exactly as stale as it allows, against synchronous at 1.00x
     assert [(k, seen) for k, seen, _ in rows] == [("0", "0"), ("1", "1")] and rows[0][2] == "1.00"
     assert "model: pipelined step max(S, U)" in out
-
-
-def test_bench_learner_prints_a_row_per_layout(run_script, tiny_policy_cache):
-    # the tree only: the padded layout of the same script on the same policy, and both layouts' token
-    # counts, are test_gpu_check_on_the_cpu_runs_every_stage_and_writes_its_tables's (its learner stage)
-    out = run_script(
-        "bench_learner.py", "--model-path", "tiny", "--layouts", "torch-1", "--packing", "tree",
-        "--rows", "2", "--group-size", "2", "--response-tokens", "16", "--repeats", "1", "--profile", "3",
-        cache=tiny_policy_cache,
-    )  # fmt: skip
-    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| tiny |")]
-    assert [(r[2].strip(), r[3].strip()) for r in rows] == [("torch-1", "tree")]
-    # 2 x 16 response tokens trained; the tree lays the 2 rows' shared 32-token prompt out once
-    assert [(int(r[5]), int(r[6])) for r in rows] == [(32, 64)]
-    # --profile: the extra update under the profiler, its 3 costliest operators by own time
-    tables = re.findall(r"tiny, (\w+): one update's top 3 operators\n(.+?)\n\n", out, re.DOTALL)
-    assert [packing for packing, _ in tables] == ["tree"]
-    for _, table in tables:  # torch's table: a rule, the header, a rule, one row per operator, a rule
-        lines = table.splitlines()
-        rules = [i for i, line in enumerate(lines) if re.fullmatch(r"-+(\s+-+)*\s*", line)]
-        assert "Self CPU %" in lines[rules[0] + 1] and rules[2] - rules[1] - 1 == 3
 
 
 def test_bench_lora_compares_lora_with_full_fine_tuning(run_script, tiny_policy_cache, tmp_path):
