@@ -27,7 +27,8 @@ against the matrix-multiply rate measured in the same run on the same device in 
 (``gpu_check.cuda_torch.matmul_rate``; on a CPU with as many threads as a learner has), per learner.
 ``--profile N``: one more update of a one-learner case under torch's profiler, its top N operators
 by their own time (what stands between the MFU and the ceiling). ``--fields``: more config fields
-for every case, e.g. ``{"kl_coef": 0.1, "gradient_checkpointing": true}``.
+for every case, e.g. ``{"kl_coef": 0.1, "gradient_checkpointing": true}``. ``--attention-block-tokens
+N ...``: each packed or tree case once per block size of its attention (rows labelled ``tree/N``).
 
 Models: a named model or ``save_pretrained`` directory, or a shape of ``MODEL_SHAPES`` (random
 weights, the named model's config: nothing is downloaded), saved once per run.
@@ -326,6 +327,10 @@ def main() -> None:
     parser.add_argument("--matmul-size", type=int, help=f"the MFU's ceiling product (default {MATMUL_SIZE})")
     parser.add_argument("--json", help="write the rows to this file")
     parser.add_argument("--fields", type=json.loads, default={}, help="JSON: more config fields for every case")
+    parser.add_argument(
+        "--attention-block-tokens", type=int, nargs="+",
+        help="queries per attention block of packed/tree micro-batches, one case per value (default: the config's)",
+    )  # fmt: skip
     parser.add_argument("--profile", type=int, default=0, help="one more update under torch's profiler: top N ops")
     args = parser.parse_args()
     shape = BatchShape(
@@ -363,38 +368,45 @@ def main() -> None:
             first = None
             for name in args.layouts:
                 layout = LAYOUTS[name]
-                for packing in args.packing:
+                for packing, block in packing_cases(args.packing, args.attention_block_tokens):
                     probe = profile_update(batch, args.profile) if args.profile and layout.num_learners == 1 else None
+                    fields = {**args.fields, **({"attention_block_tokens": block} if block else {})}
                     result = measure(
                         model_path, layout, replace(shape, packing=packing), batch, args.repeats,
-                        dtype=args.dtype, cpus_per_learner=args.cpus_per_learner, fields=args.fields,
+                        dtype=args.dtype, cpus_per_learner=args.cpus_per_learner, fields=fields,
                         probe=probe, device=args.device,
                     )  # fmt: skip
+                    label = packing if block is None else f"{packing}/{block}"
                     first = first or result.tokens_per_s
                     laid_out = batch_tokens(batch, packing)
                     mfu = flops_per_token * laid_out / result.seconds / (layout.num_learners * peak_tflops * 1e12)
                     peaks = ", ".join(f"{peak:.2f}" for peak in result.peak_rss_gib)
                     print(
-                        f"| {model_name} | {described} | {layout.name} | {packing} | {layout.num_learners} | "
+                        f"| {model_name} | {described} | {layout.name} | {label} | {layout.num_learners} | "
                         f"{int(batch['loss_mask'].sum())} | {laid_out} | {result.tokens_per_s:.0f} | "
                         f"{result.tokens_per_s / first:.2f}x | {mfu:.1%} | {peaks} | {result.estimate_gib:.2f} |",
                         flush=True,
                     )
                     records.append(
-                        {"model": model_name, "batch": described, "layout": layout.name, "packing": packing,
+                        {"model": model_name, "batch": described, "layout": layout.name, "packing": label,
                          "learners": layout.num_learners, "trained_tokens": int(batch["loss_mask"].sum()),
                          "tokens_laid_out": laid_out, "trained_tokens_per_s": result.tokens_per_s,
                          "update_s": result.seconds, "mfu": mfu, "peak_memory_gib": result.peak_rss_gib,
                          "estimate_gib": result.estimate_gib, "profile": result.probed}
                     )  # fmt: skip
                     if result.probed:
-                        print(
-                            f"\n{model_name}, {packing}: one update's top {args.profile} operators\n{result.probed}\n"
-                        )
+                        print(f"\n{model_name}, {label}: one update's top {args.profile} operators\n{result.probed}\n")
                     if args.json:  # after each row: a run cut short keeps the rows it measured
                         setting = {"device": args.device, "dtype": args.dtype, "matmul_tflops": peak_tflops}
                         Path(args.json).write_text(json.dumps({**setting, "rows": records}, indent=2) + "\n")
     ray.shutdown()
+
+
+def packing_cases(packings: list[str], blocks: list[int] | None) -> list[tuple[str, int | None]]:
+    """``(packing, attention_block_tokens)`` of each case: a packed or tree layout once per block size
+    of ``blocks`` (``learner.packing.QueryBlock``; None: the config's), padded rows once (they attend
+    unblocked)."""
+    return [(packing, block) for packing in packings for block in ([None] if packing == "padded" else blocks or [None])]
 
 
 def profile_update(batch: dict[str, np.ndarray], top: int) -> Callable:

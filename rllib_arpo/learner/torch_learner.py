@@ -304,6 +304,7 @@ class ARPOTorchLearner(TorchLearner):
             packing=config.packing,
             micro_batch_size=config.micro_batch_size,
             micro_batch_tokens=config.micro_batch_tokens,
+            attention_block_tokens=config.attention_block_tokens,
         )
         for i, (rows, packed) in enumerate(micros):
             rows = torch.as_tensor(rows, device=self.device)

@@ -38,21 +38,22 @@ def test_gpu_check_on_the_cpu_runs_every_stage_and_writes_its_tables(tmp_path):
     learner = figures["learner"]
     rows = learner["rows"]
     # 4 rows of a 32-token prompt and 16 response tokens, in 2 groups sharing their prompt: padded
-    # 4 x 48 tokens, the tree lays out each group's prompt once (2 x 32 + 4 x 16)
+    # 4 x 48 tokens, the tree lays out each group's prompt once (2 x 32 + 4 x 16), attending in blocks
+    # of 128 and of 16 queries
     assert [(r["packing"], r["trained_tokens"], r["tokens_laid_out"]) for r in rows] == [
-        ("padded", 64, 192), ("tree", 64, 128),
+        ("padded", 64, 192), ("tree/128", 64, 128), ("tree/16", 64, 128),
     ]  # fmt: skip
     for row in rows:  # 6 N FLOPs per token laid out, per second, against the measured product's rate
         flops_per_s = 6 * TINY_PRODUCT_WEIGHTS * row["tokens_laid_out"] / row["update_s"]
         assert row["mfu"] == pytest.approx(flops_per_s / (learner["matmul_tflops"] * 1e12), rel=1e-9)
     # --profile: per packing, the extra update under the profiler, its 3 costliest operators by own time
     log = (tmp_path / "learner.log").read_text()
-    tables = re.findall(r"tiny, (\w+): one update's top 3 operators\n(.+?)\n\n", log, re.DOTALL)
-    assert [packing for packing, _ in tables] == ["padded", "tree"]
+    tables = re.findall(r"tiny, ([\w/]+): one update's top 3 operators\n(.+?)\n\n", log, re.DOTALL)
+    assert [packing for packing, _ in tables] == ["padded", "tree/128", "tree/16"]
     for _, table in tables:  # torch's table: a rule, the header, a rule, one row per operator, a rule
         lines = table.splitlines()
         rules = [i for i, line in enumerate(lines) if re.fullmatch(r"-+(\s+-+)*\s*", line)]
         assert "Self CPU %" in lines[rules[0] + 1] and rules[2] - rules[1] - 1 == 3
     table = (tmp_path / "gpu_check.md").read_text()
     assert "| `learner_update` | PASS |" in table and "| held-out split | iteration 0 | iteration 1 |" in table
-    assert "| tiny | tree | 64 | 128 |" in table
+    assert "| tiny | tree/16 | 64 | 128 |" in table

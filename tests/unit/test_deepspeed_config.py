@@ -66,6 +66,10 @@ def test_the_backend_field_picks_the_learner_class():
         ({"packing": "ragged"}, r"packing: unknown packing mode 'ragged'; known: packed, padded, tree"),
         ({"packing": "tree"}, r"packing: tree needs learner_backend: torch .* use packing: padded"),
         ({"packing": "packed", "learner_backend": "torch", "micro_batch_tokens": 0}, "micro_batch_tokens must be >= 1"),
+        (
+            {"packing": "tree", "learner_backend": "torch", "attention_block_tokens": 0},
+            "attention_block_tokens must be >= 1",
+        ),
         ({"dtype": "float16", "learner_backend": "torch"}, "dtype float16 with master_weights needs loss scaling"),
     ],
 )

@@ -437,6 +437,24 @@ def test_a_packed_update_gives_the_padded_update(model_dir, packing, micro_batch
         torch.testing.assert_close(value, after[name], atol=1e-5, rtol=0, msg=name)
 
 
+def test_the_tree_attends_in_blocks_of_attention_block_tokens_queries(model_dir, monkeypatch):
+    padded = build_learner(model_dir, micro_batch_size=2)
+    tree = build_learner(model_dir, learners={"packing": "tree", "attention_block_tokens": 5})
+    batch = shared_prefix_batch(padded)
+    blocks = []  # (start, stop) of each query block of each packed forward pass
+    monkeypatch.setattr(
+        "rllib_arpo.learner.forward.packed_logprobs",
+        lambda model, micro, **kwargs: (
+            blocks.append([(b.start, b.stop) for b in micro.query_blocks]) or packed_logprobs(model, micro, **kwargs)
+        ),
+    )
+    tree_gradients = gradients(tree, batch)
+    # one micro-batch: the tree of 7 + 5 + 2 * (6 + 4 + 2 + 5) = 46 tokens, in blocks of 5 queries
+    assert blocks == [[(start, min(start + 5, 46)) for start in range(0, 46, 5)]]
+    for name, grad in gradients(padded, batch).items():
+        torch.testing.assert_close(tree_gradients[name], grad, atol=1e-6, rtol=0, msg=name)
+
+
 @pytest.mark.parametrize("packing", ["packed", "tree"])
 def test_a_micro_batch_that_trains_no_token_adds_nothing(model_dir, packing):
     """ROWS' third row (2 + 4 tokens) trains no token, as arpo_hard's fully shared rows do; with 6
