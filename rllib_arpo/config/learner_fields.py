@@ -87,8 +87,8 @@ class LearnerSettings:
         ATTENTION_BLOCK_TOKENS,
         "With `packing` packed/tree: queries per block of the block-sparse attention, each block attending over the "
         "keys its own queries see. Smaller blocks skip more of a micro-batch's mask but make more, smaller attention "
-        "calls: at 128 an H200 trained 3.3x fewer tokens/s than at 1024, where it waited on kernel launches "
-        "(docs/gpu.md); 2 CPU cores 0.94x.",
+        "calls: at 128 an H200 waited on their kernel launches and trained 3.3x fewer tokens/s than at 1024, and 2 "
+        "cores of an AVX2-only CPU 0.94x as many (docs/gpu.md).",
     )
     lora: dict | None = setting(
         None,
