@@ -6,10 +6,11 @@ Both engines continue the same chat prompts (the embedded task's test questions 
 prompt, through the ChatML template) greedily, stopping at the tool tags, which are several
 tokens in this vocabulary. Printed: vLLM's start time, whether the greedy tokens, finish reasons
 and stop strings match the HF engine's, the largest logprob difference, and vLLM's sampling
-speed on 16 copies of a prompt. With a cold-started model (``rllib cold-start``) the greedy
-continuations end at ``</search>`` or ``</python>``, so the multi-token stop strings are
-exercised too. On the CPU vLLM runs the model eager (``rollout.vllm_engine``): about 40 s to
-start on 2 cores; ``--compile`` compiles its graph as on a GPU (over 3 minutes on 2 cores).
+speed on ``--speed-copies`` copies of a prompt (16). With a cold-started model (``rllib
+cold-start``) the greedy continuations end at ``</search>`` or ``</python>``, so the multi-token
+stop strings are exercised too. On the CPU vLLM runs the model eager (``rollout.vllm_engine``):
+about 40 s to start on 2 cores; ``--compile`` compiles its graph as on a GPU (over 3 minutes on 2
+cores).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=6)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--compile", action="store_true", help="compile the graph on the CPU too")
+    parser.add_argument("--speed-copies", type=int, default=16, help="copies of a prompt sampled for the speed")
     args = parser.parse_args()
     from rllib_arpo.rollout.vllm_engine import VLLMEngine
 
@@ -61,7 +63,7 @@ def main() -> None:
     )
     sampled = SamplingParams(max_new_tokens=64, temperature=1.0, seed=0, stop_strings=STOPS)
     start = time.perf_counter()
-    batch = vllm.generate([prompts[0]] * 16, sampled)
+    batch = vllm.generate([prompts[0]] * args.speed_copies, sampled)
     seconds = time.perf_counter() - start
     tokens = sum(len(g.token_ids) for g in batch)
     print(f"model: {path}")
@@ -70,7 +72,9 @@ def main() -> None:
     print(f"greedy, {n} prompts: same tokens {same_tokens}/{n}, same finish reason and stop {same_finish}/{n}")
     print(f"finish reasons (vLLM): {[(g.finish_reason, g.stop_string) for g in from_vllm]}")
     print(f"largest |logprob difference| (vLLM - HF) on the shared tokens: {logprob_gap:.2e}")
-    print(f"sampling: {tokens} tokens for 16 copies in {seconds:.1f} s ({tokens / seconds:.0f} tokens/s)")
+    print(
+        f"sampling: {tokens} tokens for {args.speed_copies} copies in {seconds:.1f} s ({tokens / seconds:.0f} tokens/s)"
+    )
     print("first greedy continuation:", repr(vllm.tokenizer.decode(from_vllm[0].token_ids)))
     vllm.close()
 

@@ -13,56 +13,63 @@ REQUIRED_RUNNER_METRICS = (
 REQUIRED_LEARNER_METRICS = ("policy_loss", "clip_fraction", "approx_kl", "total_loss")
 
 
-@pytest.mark.parametrize(
-    "num_env_runners, num_learners, weight_sync",
-    [(1, 0, "object_store"), (2, 2, "broadcast")],
-)
-def test_two_iterations_sync_versioned_weights_to_remote_runners(
-    ray_session, small_config, learner_weights, engine_weights, num_env_runners, num_learners, weight_sync
+def train_two_iterations_checking_the_sync(algo, learner_weights, engine_weights, weight_sync: str) -> dict:
+    """Two iterations of ``algo`` (built with AdamW's weight decay 0.5 and remote EnvRunners of
+    ``small_config``): after each, the engines hold the learner's weights of that version, bit for
+    bit, and they changed; the metrics, RLlib's counters and the sync's bytes and seconds are
+    reported. Returns the learner's weights after the second iteration.
+
+    AdamW's decoupled weight decay changes every weight on every step, even while the untrained
+    policy's rewards are all equal (zero advantages), so the sync is observable from step one."""
+    num_env_runners = algo.config.num_env_runners
+    before = engine_weights(algo)
+    assert [version for version, _ in before] == [0] * num_env_runners
+    for iteration in (1, 2):
+        result = algo.train()
+        assert result["training_iteration"] == iteration
+        assert result["weights_version"] == iteration
+        learner = learner_weights(algo)
+        after = engine_weights(algo)
+        assert len(after) == num_env_runners
+        for version, weights in after:
+            assert version == iteration
+            assert weights.keys() == learner.keys()
+            for name, tensor in weights.items():
+                torch.testing.assert_close(tensor, learner[name], rtol=0, atol=0)
+    changed = [name for name, tensor in after[0][1].items() if not torch.equal(tensor, before[0][1][name])]
+    assert changed, "the EnvRunner's weights did not change after two updates"
+    runners = result["env_runners"]
+    for key in REQUIRED_RUNNER_METRICS:
+        assert key in runners, key
+    # the runners' reported trajectories: prompts_per_env_runner * M per runner
+    assert runners["trajectories"] == 2 * 4
+    # RLlib's counters: a generated token is an env step, a trajectory an episode
+    assert runners["num_episodes_lifetime"] == 2 * num_env_runners * 2 * 4
+    assert result["num_env_steps_sampled_lifetime"] == runners["num_env_steps_sampled_lifetime"] > 0
+    learners = result["learners"][DEFAULT_MODULE_ID]
+    for key in (*REQUIRED_LEARNER_METRICS, "gradients_default_optimizer_global_norm"):
+        assert key in learners, key
+    # the object store holds one copy of the weights for all runners; a broadcast puts nothing there
+    sent = sum(tensor.numel() * tensor.element_size() for tensor in learner.values())
+    assert result.get("weight_sync_bytes") == (sent if weight_sync == "object_store" else None)
+    assert 0 < result["weight_sync_s"] < result["time_this_iter_s"]
+    return learner
+
+
+def test_two_ddp_learners_broadcast_versioned_weights_to_two_remote_runners(
+    ray_session, small_config, learner_weights, engine_weights
 ):
-    """One local learner and the object store, or two DDP learners whose rank 0 broadcasts to
-    two remote EnvRunners over gloo: the engines hold the learner's weights, bit for bit
-    (``object_store_delta``: test_pipeline.py, bfloat16, and tests/unit/test_weight_delta.py)."""
-    # AdamW's decoupled weight decay changes every weight on every step, even while the untrained
-    # policy's rewards are all equal (zero advantages), so the sync is observable from step one.
+    """Two DDP learners whose rank 0 broadcasts to two remote EnvRunners over gloo: the engines hold
+    the learner's weights, bit for bit (one local learner and the object store: the checkpoint test
+    below; ``object_store_delta``: test_pipeline.py, bfloat16, and tests/unit/test_weight_delta.py)."""
     config = (
-        small_config.env_runners(num_env_runners=num_env_runners)
-        .learners(num_learners=num_learners, num_cpus_per_learner=1, weight_sync=weight_sync)
+        small_config.env_runners(num_env_runners=2)
+        .learners(num_learners=2, num_cpus_per_learner=1, weight_sync="broadcast")
         .training(weight_decay=0.5)
     )
     algo = config.build_algo()
     try:
-        before = engine_weights(algo)
-        assert [version for version, _ in before] == [0] * num_env_runners
-        for iteration in (1, 2):
-            result = algo.train()
-            assert result["training_iteration"] == iteration
-            assert result["weights_version"] == iteration
-            learner = learner_weights(algo)
-            after = engine_weights(algo)
-            assert len(after) == num_env_runners
-            for version, weights in after:
-                assert version == iteration
-                assert weights.keys() == learner.keys()
-                for name, tensor in weights.items():
-                    torch.testing.assert_close(tensor, learner[name], rtol=0, atol=0)
-        changed = [name for name, tensor in after[0][1].items() if not torch.equal(tensor, before[0][1][name])]
-        assert changed, "the EnvRunner's weights did not change after two updates"
-        runners = result["env_runners"]
-        for key in REQUIRED_RUNNER_METRICS:
-            assert key in runners, key
-        # the runners' reported trajectories: prompts_per_env_runner * M per runner
-        assert runners["trajectories"] == 2 * 4
-        # RLlib's counters: a generated token is an env step, a trajectory an episode
-        assert runners["num_episodes_lifetime"] == iteration * num_env_runners * 2 * 4
-        assert result["num_env_steps_sampled_lifetime"] == runners["num_env_steps_sampled_lifetime"] > 0
-        learners = result["learners"][DEFAULT_MODULE_ID]
-        for key in (*REQUIRED_LEARNER_METRICS, "gradients_default_optimizer_global_norm"):
-            assert key in learners, key
-        # the object store holds one copy of the weights for all runners; a broadcast puts nothing there
-        sent = sum(tensor.numel() * tensor.element_size() for tensor in learner.values())
-        assert result.get("weight_sync_bytes") == (sent if weight_sync == "object_store" else None)
-        assert 0 < result["weight_sync_s"] < result["time_this_iter_s"]
+        train_two_iterations_checking_the_sync(algo, learner_weights, engine_weights, "broadcast")
     finally:
         algo.stop()
 
@@ -148,12 +155,13 @@ def test_held_out_evaluation_before_and_after_updates(ray_session, small_config)
 def test_checkpoint_restore_resyncs_runner_weights_and_version(
     ray_session, small_config, tmp_path, learner_weights, engine_weights
 ):
+    """One local learner and one remote EnvRunner, the weights through the object store: two
+    iterations whose syncs are checked as the DDP test's, a checkpoint, and a new algorithm restored
+    from it, whose engine gets the saved weights and version before it trains on."""
     config = small_config.env_runners(num_env_runners=1).training(weight_decay=0.5)
     algo = config.build_algo()
     try:
-        algo.train()
-        algo.train()
-        saved = learner_weights(algo)
+        saved = train_two_iterations_checking_the_sync(algo, learner_weights, engine_weights, "object_store")
         algo.save_to_path(str(tmp_path / "checkpoint"))
     finally:
         algo.stop()

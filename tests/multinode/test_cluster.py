@@ -8,7 +8,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 import ray
 import torch
 from ray import cloudpickle
@@ -42,34 +41,42 @@ def engine_weights(runner) -> tuple[str, int, dict[str, torch.Tensor]]:
     return node_id(), runner.engine.weights_version, state
 
 
-@pytest.mark.parametrize("weight_sync", ["object_store", "broadcast"])
-def test_learner_and_env_runners_run_on_their_nodes_and_every_engine_gets_the_learners_weights(
-    cluster, placed_config, weight_sync
-):
-    """The learner runs on the head node and one EnvRunner on each rollout node, as their custom
-    resources say; after an iteration the weights have gone from the learner to both engines
-    across nodes, through the object store or a gloo broadcast group, bit for bit. AdamW's
-    weight decay changes the weights in every update, so an engine that missed the sync would
-    differ."""
-    algo = placed_config.learners(weight_sync=weight_sync).training(weight_decay=0.5).build_algo()
-    try:
-        assert learner_nodes(algo) == [cluster.head_node.node_id]
-        nodes = runner_nodes(algo)
-        assert sorted(nodes) == [1, 2] and set(nodes.values()) == rollout_node_ids(cluster)
-        initial = policy_weights(algo.learner_group)
-        result = algo.train()
-        learner = policy_weights(algo.learner_group)
-        engines = algo.env_runner_group.foreach_env_runner(engine_weights, local_env_runner=False)
-    finally:
-        algo.stop()
-    assert result["weights_version"] == 1
+def assert_every_engine_has_the_learners_weights(algo, cluster, initial: dict, version: int) -> None:
+    """The learner runs on the head node and EnvRunners 1 and 2 each on a rollout node of their own;
+    every engine holds weights ``version``, equal bit for bit to the learner's, which differ from
+    ``initial`` (AdamW's weight decay changes them in every update, so an engine that missed the
+    sync would differ)."""
+    assert learner_nodes(algo) == [cluster.head_node.node_id]
+    nodes = runner_nodes(algo)
+    assert sorted(nodes) == [1, 2] and len(set(nodes.values())) == 2
+    assert set(nodes.values()) <= rollout_node_ids(cluster)
+    learner = policy_weights(algo.learner_group)
+    engines = algo.env_runner_group.foreach_env_runner(engine_weights, local_env_runner=False)
     assert sorted(node for node, _, _ in engines) == sorted(nodes.values())
     assert any(not torch.equal(learner[name], initial[name]) for name in learner)
-    for _, version, weights in engines:
-        assert version == 1
+    for _, engine_version, weights in engines:
+        assert engine_version == version
         assert weights.keys() == learner.keys()
         for name, tensor in weights.items():
             assert torch.equal(tensor, learner[name]), name
+
+
+def test_learner_and_env_runners_run_on_their_nodes_and_every_engine_gets_the_learners_weights_by_broadcast(
+    cluster, placed_config
+):
+    """The learner runs on the head node and one EnvRunner on each rollout node, as their custom
+    resources say; after an iteration the weights have gone from the learner to both engines
+    across nodes through a gloo broadcast group, bit for bit. The default ``weight_sync``
+    (object_store) is checked the same way in the first iteration of the node-removal test."""
+    algo = placed_config.learners(weight_sync="broadcast").training(weight_decay=0.5).build_algo()
+    try:
+        assert set(runner_nodes(algo).values()) == rollout_node_ids(cluster)
+        initial = policy_weights(algo.learner_group)
+        result = algo.train()
+        assert result["weights_version"] == 1
+        assert_every_engine_has_the_learners_weights(algo, cluster, initial, version=1)
+    finally:
+        algo.stop()
 
 
 class WaitsInItsSecondSampleForItsNodeToGo(ARPOEnvRunner):
@@ -92,14 +99,18 @@ class WaitsInItsSecondSampleForItsNodeToGo(ARPOEnvRunner):
 
 
 def test_a_rollout_node_removed_in_sample_costs_no_prompt(cluster, spare_rollout_node, placed_config, tmp_path):
-    """A third rollout node is added, EnvRunner 1's node is removed while it samples: Ray
-    restarts it on the free node, it is put back at its data position and samples the same
-    prompts again. Every iteration trains prompts_per_env_runner prompts per EnvRunner, and each
-    EnvRunner's shard position advanced by exactly those."""
+    """After the first iteration, the default ``weight_sync`` (object_store) has taken the learner's
+    weights to both engines across nodes, bit for bit. Then a third rollout node is added, and
+    EnvRunner 1's node is removed while it samples: Ray restarts it on the free node, it is put
+    back at its data position and samples the same prompts again. Every iteration trains
+    prompts_per_env_runner prompts per EnvRunner, and each EnvRunner's shard position advanced by
+    exactly those."""
     WaitsInItsSecondSampleForItsNodeToGo.log_dir = str(tmp_path)
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this file
-    algo = placed_config.env_runners(env_runner_cls=WaitsInItsSecondSampleForItsNodeToGo).build_algo()
+    config = placed_config.env_runners(env_runner_cls=WaitsInItsSecondSampleForItsNodeToGo)
+    algo = config.training(weight_decay=0.5).build_algo()
     try:
+        initial = policy_weights(algo.learner_group)
         before = runner_nodes(algo)
         [free] = rollout_node_ids(cluster) - set(before.values())
         [doomed] = [node for node in cluster.list_all_nodes() if node.node_id == before[1]]
@@ -111,6 +122,7 @@ def test_a_rollout_node_removed_in_sample_costs_no_prompt(cluster, spare_rollout
             cluster.remove_node(doomed, allow_graceful=False)
 
         first = algo.train()
+        assert_every_engine_has_the_learners_weights(algo, cluster, initial, version=1)
         remover = threading.Thread(target=remove_when_waiting)
         remover.start()
         second = algo.train()
