@@ -1,11 +1,16 @@
 """One Ray session for the integration tests of a pytest process (the tiny policy and
 ``small_config`` are in tests/conftest.py)."""
 
+import contextlib
+import faulthandler
+import io
 import os
+import runpy
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -93,8 +98,72 @@ def ends_of(stdout: str, stderr: str, logs: Path | None) -> str:
     return "\n".join(ends)
 
 
+def run_a_script_here(name: str, *arguments: str, cache: Path, **env: str) -> str:
+    """``scripts/NAME ARGUMENTS`` run in this pytest process as ``python scripts/NAME`` runs it (as
+    ``__main__``, its folder first on ``sys.path``, ``env`` on top of this environment), on this
+    process's Ray (the script's own ``ray.init`` and ``ray.shutdown`` stand aside); its stdout. It
+    spares a script of one process a new interpreter's imports and Ray's start (about 20 s each on
+    2 cores). A script that exits nonzero, raises or runs past 10 minutes fails the test (past 10
+    minutes, faulthandler prints every thread's stack and ends this pytest worker); so does one that
+    leaves a Ray actor holding a CPU. Afterwards the process's arguments, environment, ``sys.path``
+    and torch threads are as before.
+
+    Not for a script whose Ray workers call functions of another script it imports (``bench_lora``,
+    ``bench_dtype``: ``bench_learner``'s): Ray's workers find those only where the driver started
+    Ray from the scripts' folder."""
+    import torch
+
+    script = REPO / "scripts" / name
+    cpus_before = ray.available_resources().get("CPU", 0)
+    environment, threads, stdout = dict(os.environ), torch.get_num_threads(), io.StringIO()
+    faulthandler.dump_traceback_later(600, exit=True)
+    try:
+        with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(stdout):
+            patch.setattr(sys, "argv", [str(script), *arguments])
+            patch.setattr(sys, "path", [str(script.parent), *sys.path])
+            for key, value in {"RLLIB_ARPO_CACHE": str(cache), **env}.items():
+                patch.setenv(key, value)
+            patch.setattr(ray, "init", lambda *args, **kwargs: None)
+            patch.setattr(ray, "shutdown", lambda *args, **kwargs: None)
+            runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exit:
+        if exit.code not in (None, 0):
+            pytest.fail(f"{name} exited with {exit.code!r}; stdout: ...{stdout.getvalue()[-3000:]}", pytrace=False)
+    except BaseException:
+        print(f"{name}'s stdout: ...{stdout.getvalue()[-3000:]}")  # pytest shows it beside the traceback
+        raise
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        os.environ.clear()
+        os.environ.update(environment)
+        torch.set_num_threads(threads)
+    if not cpus_free_again(cpus_before):
+        held = cpus_before - ray.available_resources().get("CPU", 0)
+        pytest.fail(f"{name} left Ray actors holding {held} CPUs", pytrace=False)
+    return stdout.getvalue()
+
+
+def cpus_free_again(cpus: float, polls: int = 60) -> bool:
+    """Whether Ray has ``cpus`` CPUs free within ``polls`` half-second polls (an actor's CPU is
+    free again within seconds of its end)."""
+    for _ in range(polls):
+        if ray.available_resources().get("CPU", 0) >= cpus:
+            return True
+        time.sleep(0.5)
+    return False
+
+
 @pytest.fixture(scope="session")
 def run_script() -> Callable[..., str]:
     """``run_script(NAME, *ARGUMENTS, cache=..., logs=..., **env)``: ``run_a_script``, for the files
-    that test the scripts the docs quote (split in three so that pytest-xdist's workers share them)."""
+    that test the scripts the docs quote (split in three so that pytest-xdist's workers share them)
+    whose runs start processes of their own (``bench_peer_trl``, ``compare_algorithms``), import
+    another script's functions into Ray's workers, or measure their own process (``bench_memory``)."""
     return run_a_script
+
+
+@pytest.fixture(scope="module")
+def run_script_here(ray_session) -> Callable[..., str]:
+    """``run_script_here(NAME, *ARGUMENTS, cache=..., **env)``: ``run_a_script_here`` on this
+    process's Ray, for the other scripts the docs quote."""
+    return run_a_script_here

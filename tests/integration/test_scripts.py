@@ -1,6 +1,6 @@
-"""Scripts the docs quote, run at their smallest size so they cannot rot unseen: the rollout, tool,
-entropy and model-building scripts and the report benchmark (the training and benchmark scripts are
-in test_scripts_training.py and test_scripts_benchmarks.py)."""
+"""Scripts the docs quote, run at their smallest size (in this process: ``run_script_here``) so they
+cannot rot unseen: the rollout, tool, entropy and model-building scripts and the report benchmark
+(the training and benchmark scripts are in test_scripts_training.py and test_scripts_benchmarks.py)."""
 
 import json
 import re
@@ -9,8 +9,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_bench_rollout_compares_tree_and_flat(run_script, tiny_policy_cache):
-    out = run_script(
+def test_bench_rollout_compares_tree_and_flat(run_script_here, tiny_policy_cache):
+    out = run_script_here(
         "bench_rollout.py", "--model-path", "tiny", "--engines", "hf", "--prompts", "2", "--total-rollouts", "4",
         "--initial-rollouts", "2", "--max-response-tokens", "32", "--repeats", "1", cache=tiny_policy_cache,
     )  # fmt: skip
@@ -19,20 +19,20 @@ def test_bench_rollout_compares_tree_and_flat(run_script, tiny_policy_cache):
     assert "hf: tree/flat wall" in out
 
 
-def test_bench_tools_measures_each_tool(run_script, tiny_policy_cache):
-    out = run_script("bench_tools.py", "--seconds", "0.2", cache=tiny_policy_cache)
+def test_bench_tools_measures_each_tool(run_script_here, tiny_policy_cache):
+    out = run_script_here("bench_tools.py", "--seconds", "0.2", cache=tiny_policy_cache)
     assert re.search(r"^python \(\w+\)\s+[\d.]+ calls/s\s+[\d.]+ calls/s$", out, re.MULTILINE), out
     assert re.search(r"^search \(bm25\)\s+[\d.]+ calls/s\s+[\d.]+ calls/s$", out, re.MULTILINE), out
 
 
-def test_fuzz_rollout_ends_without_exceptions(run_script, tiny_policy_cache):
-    out = run_script("fuzz_rollout.py", "--generations", "20", "--max-python-calls", "5", cache=tiny_policy_cache)
+def test_fuzz_rollout_ends_without_exceptions(run_script_here, tiny_policy_cache):
+    out = run_script_here("fuzz_rollout.py", "--generations", "20", "--max-python-calls", "5", cache=tiny_policy_cache)
     counts = dict(line.rsplit(None, 1) for line in out.splitlines() if re.match(r"^\S+\s+\d+$", line))
     assert counts["generations"] == "20" and counts["exceptions"] == "0"
 
 
-def test_entropy_after_tools_writes_its_summary_and_histogram(run_script, tiny_policy_cache, tmp_path):
-    run_script(
+def test_entropy_after_tools_writes_its_summary_and_histogram(run_script_here, tiny_policy_cache, tmp_path):
+    run_script_here(
         "entropy_after_tools.py", "--model-path", "tiny", "--questions", "2", "--samples", "2", "--forced",
         "--max-response-tokens", "64", "--variant", "namesakes", "--training-prompt", "--temperature", "0.7",
         "--json", str(tmp_path / "dh.json"), "--plot", str(tmp_path / "dh.png"), cache=tiny_policy_cache,
@@ -43,8 +43,8 @@ def test_entropy_after_tools_writes_its_summary_and_histogram(run_script, tiny_p
     assert forced["tool_calls"] > 0 and (tmp_path / "dh.png").stat().st_size > 0
 
 
-def test_expand_policy_keeps_the_logits(run_script, tiny_policy_cache, tmp_path):
-    out = run_script(
+def test_expand_policy_keeps_the_logits(run_script_here, tiny_policy_cache, tmp_path):
+    out = run_script_here(
         "expand_policy.py", str(tmp_path / "wide"), "--model-path", "tiny", "--hidden-size", "256", "--layers", "3",
         "--intermediate-size", "512", "--heads", "4", "--kv-heads", "2", cache=tiny_policy_cache,
     )  # fmt: skip
@@ -52,22 +52,24 @@ def test_expand_policy_keeps_the_logits(run_script, tiny_policy_cache, tmp_path)
     assert (tmp_path / "wide" / "config.json").is_file()
 
 
-def test_build_tiny_policy_saves_a_loadable_model(run_script, tiny_policy_cache, tmp_path):
-    out = run_script(
+def test_build_tiny_policy_saves_a_loadable_model(run_script_here, tiny_policy_cache, tmp_path):
+    out = run_script_here(
         "build_tiny_policy.py", "--out", str(tmp_path / "tiny"), "--sft-steps", "0", cache=tiny_policy_cache
     )
     assert f"saved the tiny policy to {tmp_path / 'tiny'}" in out
     assert json.loads((tmp_path / "tiny" / "config.json").read_text())["num_hidden_layers"] == 2
 
 
-def test_bench_report_measures_the_saved_trees_the_build_and_the_page_load(run_script, chromium_executable, tmp_path):
+def test_bench_report_measures_the_saved_trees_the_build_and_the_page_load(
+    run_script_here, chromium_executable, tmp_path
+):
     from rllib_arpo.eval.saved_trees import append_saved_trees
 
     tree = {"prompt": "q", "segments": [{"parent": None, "kind": "model", "text": "a", "tokens": 1}], "leaves": []}
     (tmp_path / "result.json").write_text('{"training_iteration": 1}\n{"training_iteration": 2}\n')
     for iteration in (1, 2):
         append_saved_trees(tmp_path / "rollout_trees.jsonl", iteration, iteration - 1, [tree, tree])
-    out = run_script(
+    out = run_script_here(
         "bench_report.py", str(tmp_path), "--loads", "1", "--json", str(tmp_path / "b.json"), cache=tmp_path
     )
     figures = json.loads((tmp_path / "b.json").read_text())

@@ -10,8 +10,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_bench_weight_sync_sends_changed_elements_only_where_they_are_few(run_script, tiny_policy_cache):
-    out = run_script(
+def test_bench_weight_sync_sends_changed_elements_only_where_they_are_few(run_script_here, tiny_policy_cache):
+    out = run_script_here(
         "bench_weight_sync.py", "--model-path", "tiny", "--receivers", "1", "--repeats", "1", cache=tiny_policy_cache
     )
     paths = re.findall(r"^(disk|object_store|broadcast)\s", out, re.MULTILINE)
@@ -22,8 +22,8 @@ def test_bench_weight_sync_sends_changed_elements_only_where_they_are_few(run_sc
     assert 0 < float(ratios["bfloat16"]) < 0.5
 
 
-def test_bench_pipeline_compares_synchronous_and_pipelined_steps(run_script, tiny_policy_cache):
-    out = run_script(
+def test_bench_pipeline_compares_synchronous_and_pipelined_steps(run_script_here, tiny_policy_cache):
+    out = run_script_here(
         "bench_pipeline.py", "--staleness", "0", "1", "--iterations", "1", "--warmup", "1", "--prompts", "2",
         "--max-tokens", "48", cache=tiny_policy_cache,
     )  # fmt: skip

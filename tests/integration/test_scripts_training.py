@@ -10,7 +10,7 @@ from rllib_arpo.cold_start.saved_tiny_policy import save_tiny_policy
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_rl_sanity_prints_its_curve_and_a_verdict(run_script, tiny_policy_cache, tmp_path):
+def test_rl_sanity_prints_its_curve_and_a_verdict(run_script_here, tiny_policy_cache, tmp_path):
     # The tiny policy before its warm start (seeded weights, a few seconds to build): every response
     # starts as noise of any length, so R = -|y| / L is all there is to learn. The run is seeded
     # (prompts, sampling) and repeats exactly on one machine. Over seeds 0-5 at lr 3e-2 it started
@@ -20,7 +20,7 @@ def test_rl_sanity_prints_its_curve_and_a_verdict(run_script, tiny_policy_cache,
     # it closed -18% to -6%; with an engine that never loads the new weights, -9% (seed 0). The
     # script's default threshold, 50%, lies 0.3 below the first and 0.5 above the others.
     untrained = save_tiny_policy(tmp_path / "untrained_tiny", sft_steps=0, progress=False)
-    out = run_script(
+    out = run_script_here(
         "rl_sanity.py", "--model", str(untrained), "--engine", "hf", "--iterations", "7", "--max-response-tokens",
         "32", "--lr", "3e-2", cache=tiny_policy_cache,
     )  # fmt: skip
@@ -52,8 +52,8 @@ def test_bench_peer_trl_runs_every_contender(run_script, tiny_policy_cache, tmp_
     ]
 
 
-def test_profile_step_splits_a_step_into_its_parts(run_script, tiny_policy_cache):
-    out = run_script("profile_step.py", "--iterations", "1", "--warmup", "0", cache=tiny_policy_cache)
+def test_profile_step_splits_a_step_into_its_parts(run_script_here, tiny_policy_cache):
+    out = run_script_here("profile_step.py", "--iterations", "1", "--warmup", "0", cache=tiny_policy_cache)
     [mean] = re.findall(r"^mean\s+[\d.]+\s+(.*)$", out, re.MULTILINE)
     shares = [float(share) for share in re.findall(r"([\d.]+)%", mean)]
     assert len(shares) == 5 and abs(sum(shares) - 100) < 0.5  # generation, tools, learner, sync, other

@@ -3,9 +3,7 @@
 checkpoint it saved, a few questions of two benchmarks."""
 
 import json
-import os
-import subprocess
-import sys
+import signal
 from pathlib import Path
 
 import torch
@@ -13,13 +11,16 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from safetensors.torch import load_file
 
 from rllib_arpo.algorithm import ARPOConfig
+from rllib_arpo.cli import main
 from rllib_arpo.experiment.file import load_experiments
 from rllib_arpo.learner.rl_module import hf_state_dict
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_one_smollm2_iteration_then_rllib_evaluate_its_checkpoint(ray_session, smollm2_path, tmp_path):
+def test_one_smollm2_iteration_then_rllib_evaluate_its_checkpoint(
+    ray_session, smollm2_path, tmp_path, monkeypatch, capsys
+):
     small = {
         "model_path": smollm2_path,
         "engine": "hf",
@@ -56,14 +57,20 @@ def test_one_smollm2_iteration_then_rllib_evaluate_its_checkpoint(ray_session, s
         "tools": {"search": {"corpus_path": str(corpus)}, "python": {"timeout_s": 5}},
     }
     output = tmp_path / "evaluation"
-    command = [
-        sys.executable, "-m", "rllib_arpo.cli", "evaluate", checkpoint, "--data", "tir_task:test", str(questions),
-        "--limit", "2", "--samples", "2", "--k", "1", "2", "--config", json.dumps(config), "--output", str(output),
+    arguments = [
+        "evaluate", checkpoint, "--data", "tir_task:test", str(questions), "--limit", "2", "--samples", "2",
+        "--k", "1", "2", "--config", json.dumps(config), "--output", str(output),
         "--experiment", str(REPO / "tuned_examples/arpo_smollm2.yaml"),
     ]  # fmt: skip
-    env = {**os.environ, "RLLIB_ARPO_CACHE": str(Path(smollm2_path).parent)}
-    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    monkeypatch.setenv("RLLIB_ARPO_CACHE", str(Path(smollm2_path).parent))
+    capsys.readouterr()
+    # in this process (no new interpreter's imports); rllib evaluate turns SIGTERM into SystemExit
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        assert main(arguments) == 0
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+    printed = capsys.readouterr().out
     record = json.loads((output / "results.json").read_text())
     rows = {row["benchmark"]: row for row in record["results"]}
     assert sorted(rows) == ["tir_task-test", "toy"]
@@ -73,12 +80,12 @@ def test_one_smollm2_iteration_then_rllib_evaluate_its_checkpoint(ray_session, s
         assert {"format_error_rate", "tool_calls", "search_calls", "python_calls", "response_tokens", "minutes"} <= set(
             row
         )
-    assert "pass@2" in completed.stdout and (output / "results.csv").is_file()
+    assert "pass@2" in printed and (output / "results.csv").is_file()
     transcripts = (output / "transcripts" / "toy.jsonl").read_text().splitlines()
     assert [len(json.loads(line)["samples"]) for line in transcripts] == [2, 2]
     assert json.loads(transcripts[0])["ground_truth"] == "391"
     assert [len(json.loads(line)["tree"]["leaves"]) for line in transcripts] == [2, 2]
-    assert f"report: {output / 'report.html'}" in completed.stdout and (output / "report.html").is_file()
+    assert f"report: {output / 'report.html'}" in printed and (output / "report.html").is_file()
     # the evaluated policy is the checkpoint's, the transformers directory it holds
     assert record["settings"]["policy"] == str(Path(checkpoint, "policy").resolve())
     exported = load_file(Path(checkpoint, "policy", "model.safetensors"))
