@@ -121,8 +121,7 @@ def run_a_script_here(name: str, *arguments: str, cache: Path, **env: str) -> st
         with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(stdout):
             patch.setattr(sys, "argv", [str(script), *arguments])
             patch.setattr(sys, "path", [str(script.parent), *sys.path])
-            for key, value in {"RLLIB_ARPO_CACHE": str(cache), **env}.items():
-                patch.setenv(key, value)
+            os.environ.update({"RLLIB_ARPO_CACHE": str(cache), **env})  # restored below with the script's own changes
             patch.setattr(ray, "init", lambda *args, **kwargs: None)
             patch.setattr(ray, "shutdown", lambda *args, **kwargs: None)
             runpy.run_path(str(script), run_name="__main__")
