@@ -25,9 +25,17 @@ REPO = Path(__file__).resolve().parents[2]
 def start_ray() -> Iterator[Callable[[], None]]:
     """``start_ray()``: starts this pytest process's Ray for the integration tests. Its temporary
     folder is short: Ray's sockets live under it and a Unix socket's path has at most 107 bytes
-    (pytest's own temporary folders, in pytest-xdist's worker folders, come close)."""
+    (pytest's own temporary folders, in pytest-xdist's worker folders, come close). Its workers
+    import from the scripts' folder, as those of ``python scripts/NAME.py`` do (Ray gives them the
+    driver's script folder): ``run_script_here``'s scripts send functions of the scripts they import
+    (``bench_learner``'s) to Ray's workers."""
     temp_dir = tempfile.mkdtemp(prefix="ray-")
-    yield lambda: ray.init(num_cpus=4, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False)
+
+    def start() -> None:  # a new JobConfig each time: ray.init adds its own folders to it
+        scripts = ray.job_config.JobConfig(_py_driver_sys_path=[str(REPO / "scripts")])
+        ray.init(num_cpus=4, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False, job_config=scripts)
+
+    yield start
     ray.shutdown()  # the session's Ray (whichever tier's file ran last), then its folder
     shutil.rmtree(temp_dir, ignore_errors=True)
 
@@ -106,11 +114,7 @@ def run_a_script_here(name: str, *arguments: str, cache: Path, **env: str) -> st
     2 cores). A script that exits nonzero, raises or runs past 10 minutes fails the test (past 10
     minutes, faulthandler prints every thread's stack and ends this pytest worker); so does one that
     leaves a Ray actor holding a CPU. Afterwards the process's arguments, environment, ``sys.path``
-    and torch threads are as before.
-
-    Not for a script whose Ray workers call functions of another script it imports (``bench_lora``,
-    ``bench_dtype``: ``bench_learner``'s): Ray's workers find those only where the driver started
-    Ray from the scripts' folder."""
+    and torch threads are as before."""
     import torch
 
     script = REPO / "scripts" / name
@@ -156,8 +160,8 @@ def cpus_free_again(cpus: float, polls: int = 60) -> bool:
 def run_script() -> Callable[..., str]:
     """``run_script(NAME, *ARGUMENTS, cache=..., logs=..., **env)``: ``run_a_script``, for the files
     that test the scripts the docs quote (split in three so that pytest-xdist's workers share them)
-    whose runs start processes of their own (``bench_peer_trl``, ``compare_algorithms``), import
-    another script's functions into Ray's workers, or measure their own process (``bench_memory``)."""
+    whose runs start processes of their own (``bench_peer_trl``, ``compare_algorithms``) or measure
+    their own process (``bench_memory``)."""
     return run_a_script
 
 

@@ -39,9 +39,9 @@ def test_gpu_check_on_the_cpu_runs_every_stage_and_writes_its_tables(tmp_path):
     rows = learner["rows"]
     # 4 rows of a 32-token prompt and 16 response tokens, in 2 groups sharing their prompt: padded
     # 4 x 48 tokens, the tree lays out each group's prompt once (2 x 32 + 4 x 16), attending in blocks
-    # of 128 and of 16 queries
+    # of 16 queries
     assert [(r["packing"], r["trained_tokens"], r["tokens_laid_out"]) for r in rows] == [
-        ("padded", 64, 192), ("tree/128", 64, 128), ("tree/16", 64, 128),
+        ("padded", 64, 192), ("tree/16", 64, 128),
     ]  # fmt: skip
     for row in rows:  # 6 N FLOPs per token laid out, per second, against the measured product's rate
         flops_per_s = 6 * TINY_PRODUCT_WEIGHTS * row["tokens_laid_out"] / row["update_s"]
@@ -49,7 +49,7 @@ def test_gpu_check_on_the_cpu_runs_every_stage_and_writes_its_tables(tmp_path):
     # --profile: per packing, the extra update under the profiler, its 3 costliest operators by own time
     log = (tmp_path / "learner.log").read_text()
     tables = re.findall(r"tiny, ([\w/]+): one update's top 3 operators\n(.+?)\n\n", log, re.DOTALL)
-    assert [packing for packing, _ in tables] == ["padded", "tree/128", "tree/16"]
+    assert [packing for packing, _ in tables] == ["padded", "tree/16"]
     for _, table in tables:  # torch's table: a rule, the header, a rule, one row per operator, a rule
         lines = table.splitlines()
         rules = [i for i, line in enumerate(lines) if re.fullmatch(r"-+(\s+-+)*\s*", line)]

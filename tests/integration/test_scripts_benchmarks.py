@@ -33,8 +33,8 @@ def test_bench_pipeline_compares_synchronous_and_pipelined_steps(run_script_here
     assert "model: pipelined step max(S, U)" in out
 
 
-def test_bench_lora_compares_lora_with_full_fine_tuning(run_script, tiny_policy_cache, tmp_path):
-    out = run_script(
+def test_bench_lora_compares_lora_with_full_fine_tuning(run_script_here, tiny_policy_cache, tmp_path):
+    out = run_script_here(
         "bench_lora.py", "--model-path", "tiny", "--engine", "hf", "--rows", "4", "--prompt-tokens", "16",
         "--response-tokens", "16", "--repeats", "1", "--json", str(tmp_path / "lora.json"), cache=tiny_policy_cache,
     )  # fmt: skip
@@ -49,8 +49,8 @@ def test_bench_lora_compares_lora_with_full_fine_tuning(run_script, tiny_policy_
     assert figures["full"]["sync_mb"] > 5 * figures["lora"]["sync_mb"]
 
 
-def test_bench_dtype_compares_float32_and_bfloat16(run_script, tiny_policy_cache, tmp_path):
-    out = run_script(
+def test_bench_dtype_compares_float32_and_bfloat16(run_script_here, tiny_policy_cache, tmp_path):
+    out = run_script_here(
         "bench_dtype.py", "--model-path", "tiny", "--engines", "hf", "--prompts", "2", "--max-new-tokens", "8",
         "--rows", "4", "--prompt-tokens", "16", "--response-tokens", "12", "--repeats", "1",
         "--json", str(tmp_path / "dtype.json"), cache=tiny_policy_cache,
