@@ -179,6 +179,21 @@ def small_config(tiny_model_path):
     return config
 
 
+@pytest.fixture
+def fake_cpu(tmp_path, monkeypatch):
+    """``fake_cpu(flags)``: this process's /proc/cpuinfo (``hardware.CPUINFO``) made a CPU with ``flags``
+    (Ray's workers read their own)."""
+    from rllib_arpo import hardware
+
+    def fake(flags: frozenset[str]) -> None:
+        cpuinfo = tmp_path / "cpuinfo"
+        processor = f"processor\t: {{}}\nmodel name\t: Test CPU\nflags\t\t: {' '.join(sorted(flags))}\n\n"
+        cpuinfo.write_text(processor.format(0) + processor.format(1))
+        monkeypatch.setattr(hardware, "CPUINFO", cpuinfo)
+
+    return fake
+
+
 @pytest.fixture(scope="session")
 def chromium_executable(unavailable):
     """Debian's Chromium (``apt-get install chromium``; .ci/run installs it). Without it the test

@@ -99,12 +99,12 @@ def test_bfloat16_policy_syncs_to_a_remote_runner_without_numpy(
 
 
 def test_the_driver_chooses_the_dtype_once_and_the_actors_follow(
-    ray_session, small_config, engine_weights, tmp_path, monkeypatch, caplog
+    ray_session, small_config, engine_weights, fake_cpu, caplog
 ):
     """``dtype: auto`` in the driver (``ARPO.setup``), on a CPU with AMX (its /proc/cpuinfo faked),
     is bfloat16: the config says so, and the remote EnvRunner's engine and the learner compute in
     it, whatever CPU their own processes see; nothing is logged."""
-    fake_cpu(tmp_path, monkeypatch, "fpu avx2 fma avx512f avx512_bf16 amx_bf16 amx_tile")
+    fake_cpu(frozenset({"fpu", "avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}))
     algo = small_config.policy(dtype="auto").env_runners(num_env_runners=1).build_algo()
     try:
         assert algo.config.dtype == "bfloat16"
@@ -117,12 +117,10 @@ def test_the_driver_chooses_the_dtype_once_and_the_actors_follow(
     assert [r.getMessage() for r in caplog.records if r.name == "rllib_arpo.algorithm"] == []
 
 
-def test_a_slow_dtype_set_by_hand_runs_and_the_driver_logs_it_once(
-    ray_session, small_config, tmp_path, monkeypatch, caplog
-):
+def test_a_slow_dtype_set_by_hand_runs_and_the_driver_logs_it_once(ray_session, small_config, fake_cpu, caplog):
     """bfloat16 set by hand on an AVX2-only CPU (faked) runs, with one warning from the driver; the
     driver's own EnvRunner and learner: which dtype remote actors take, the test above."""
-    fake_cpu(tmp_path, monkeypatch, "fpu avx2 fma")
+    fake_cpu(frozenset({"fpu", "avx2", "fma"}))
     algo = small_config.policy(dtype="bfloat16").build_algo()
     try:
         assert algo.config.dtype == "bfloat16"
@@ -132,15 +130,6 @@ def test_a_slow_dtype_set_by_hand_runs_and_the_driver_logs_it_once(
     logged = [r.getMessage() for r in caplog.records if r.name == "rllib_arpo.algorithm"]
     assert logged == ["dtype bfloat16 on a CPU without AMX or AVX512-BF16: its matrix products run 5-70x slower "
                       "than float32; set dtype: float32 (or auto)"]  # fmt: skip
-
-
-def fake_cpu(tmp_path, monkeypatch, flags: str) -> None:
-    """This process's /proc/cpuinfo, as ``hardware`` reads it, with ``flags``."""
-    from rllib_arpo import hardware
-
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text(f"model name\t: Test CPU\nflags\t\t: {flags}\n")
-    monkeypatch.setattr(hardware, "CPUINFO", cpuinfo)
 
 
 def test_held_out_evaluation_before_and_after_updates(ray_session, small_config):

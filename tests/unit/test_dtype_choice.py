@@ -92,19 +92,6 @@ def test_a_dtype_not_listed_is_refused_with_the_list():
     assert PolicySettings().dtype == "float32"  # the default stays: a run that sets no dtype is unchanged
 
 
-@pytest.fixture
-def fake_cpu(tmp_path, monkeypatch):
-    """``fake_cpu(flags)``: this process's /proc/cpuinfo (``hardware.CPUINFO``) made a CPU with ``flags``."""
-
-    def fake(flags: frozenset[str]) -> None:
-        cpuinfo = tmp_path / "cpuinfo"
-        processor = f"processor\t: {{}}\nmodel name\t: Test CPU\nflags\t\t: {' '.join(sorted(flags))}\n\n"
-        cpuinfo.write_text(processor.format(0) + processor.format(1))
-        monkeypatch.setattr(hardware, "CPUINFO", cpuinfo)
-
-    return fake
-
-
 def test_the_probe_reads_the_cpu_and_asks_cuda_only_for_a_gpu_run(fake_cpu, monkeypatch):
     from rllib_arpo.algorithm import ARPOConfig
 
