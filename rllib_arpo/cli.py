@@ -31,9 +31,11 @@ module per command.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import sys
+from collections.abc import Iterator
 
 from rllib_arpo.commands.check_gpu import check_gpu
 from rllib_arpo.commands.cold_start import cold_start
@@ -179,22 +181,28 @@ def _add_check_gpu_command(commands) -> None:
     )
 
 
-def exit_on_sigterm() -> None:
-    """Turn SIGTERM (``kill``, a scheduler's timeout) into ``SystemExit(143)``, so that ``finally``
-    blocks run: ``rllib evaluate`` then shuts vLLM's engine process down instead of leaving it behind."""
+@contextlib.contextmanager
+def exit_on_sigterm() -> Iterator[None]:
+    """Inside the block, SIGTERM (``kill``, a scheduler's timeout) is ``SystemExit(143)``, so that
+    ``finally`` blocks run: ``rllib evaluate`` then shuts vLLM's engine process down instead of
+    leaving it behind. After it, the handler before it again (``main`` called from Python)."""
 
     def raise_system_exit(signum, frame):
         raise SystemExit(128 + signum)
 
-    signal.signal(signal.SIGTERM, raise_system_exit)
+    previous = signal.signal(signal.SIGTERM, raise_system_exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "evaluate":
-            exit_on_sigterm()
-            return evaluate(args)
+            with exit_on_sigterm():
+                return evaluate(args)
         if args.command == "cold-start":
             return cold_start(args)
         if args.command == "check-gpu":
